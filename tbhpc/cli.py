@@ -1,0 +1,87 @@
+"""`tbhpc` command line: thin wrappers over the rooms (tasks, env, policy). No logic lives here
+beyond turning flags into objects and results into text or JSON."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tbhpc.errors import TbhpcError, UserError
+
+
+def _opts(pairs: list[str]) -> dict[str, Any]:
+    out = {}
+    for p in pairs or []:
+        if "=" not in p:
+            raise UserError(f"--opt: expected key=value, got {p!r}")
+        k, v = p.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tbhpc", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    tasks = sub.add_parser("tasks", help="list, show, validate or generate task packs")
+    tsub = tasks.add_subparsers(dest="tasks_cmd", required=True)
+    for name in ("list", "show", "validate"):
+        p = tsub.add_parser(name)
+        if name == "show":
+            p.add_argument("task_id")
+        p.add_argument("pack", nargs="?", default=None, help="pack file or directory (default: bundled pack)")
+        p.add_argument("--format", choices=("table", "json"), default="table")
+        if name == "list":
+            p.add_argument("--domain")
+            p.add_argument("--split", choices=("train", "eval"))
+    g = tsub.add_parser("generate", help="regenerate the bundled pack from templates")
+    g.add_argument("--out", type=Path, required=True)
+    g.add_argument("--seed", type=int, default=None)
+
+    ep = sub.add_parser("episode", help="run one episode and print its transcript and grade")
+    ep.add_argument("--task", required=True)
+    ep.add_argument("--pack", default=None)
+    add_agent_flags(ep)
+    ep.add_argument("--format", choices=("text", "json"), default="text")
+
+    demo = sub.add_parser("demo", help="evaluate the bundled pack with the built-in policies")
+    demo.add_argument("--pack", default=None)
+    demo.add_argument("--policies", default="oracle,noop")
+    demo.add_argument("--split", choices=("train", "eval", "all"), default="all")
+    return ap
+
+
+def add_agent_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", default="oracle", help="oracle | noop | openai | hf")
+    p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="policy option, e.g. base_url=http://127.0.0.1:8000/v1, model=NAME, model_path=DIR")
+    p.add_argument("--user", choices=("scripted", "openai"), default="scripted")
+    p.add_argument("--user-url"), p.add_argument("--user-model", default="default")
+    p.add_argument("--judge", choices=("keyword", "openai"), default="keyword")
+    p.add_argument("--judge-url"), p.add_argument("--judge-model", default="default")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.cmd == "tasks":
+            from tbhpc import cli_tasks
+            return cli_tasks.run(args)
+        if args.cmd == "episode":
+            from tbhpc import cli_episode
+            return cli_episode.run(args, _opts(args.opt))
+        if args.cmd == "demo":
+            from tbhpc import demo
+            return demo.run(args)
+    except TbhpcError as exc:
+        print(f"tbhpc: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""`tbhpc tasks list|show|validate|generate`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from tbhpc.errors import PackError
+from tbhpc.tasks.loader import default_pack_dir, load_exclusions, load_pack, pack_files, validate_tasks
+
+
+def run(args) -> int:
+    if args.tasks_cmd == "generate":
+        from tbhpc.domains.pack import DEFAULT_SEED, write_pack
+        counts = write_pack(args.out, args.seed if args.seed is not None else DEFAULT_SEED)
+        print(f"wrote {sum(counts.values())} tasks to {args.out}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+        return 0
+    pack = Path(args.pack) if args.pack else default_pack_dir()
+    tasks = load_pack(pack)
+    if args.tasks_cmd == "list":
+        rows = [t for t in tasks if (not args.domain or t.domain == args.domain) and (not args.split or t.split == args.split)]
+        if args.format == "json":
+            print(json.dumps([{"id": t.id, "domain": t.domain, "split": t.split, "n_golden_calls": t.n_golden_calls,
+                               "template": t.template, "tags": list(t.tags)} for t in rows], indent=1))
+        else:
+            table = Table("id", "domain", "split", "golden calls", "tags")
+            for t in rows:
+                table.add_row(t.id, t.domain, t.split, str(t.n_golden_calls), " ".join(t.tags))
+            Console().print(table)
+        return 0
+    if args.tasks_cmd == "show":
+        task = next((t for t in tasks if t.id == args.task_id), None)
+        if task is None:
+            raise PackError(str(pack), "no such task", args.task_id, "id")
+        d = task.to_dict()
+        print(json.dumps(d, indent=1) if args.format == "json" else yaml.safe_dump(d, sort_keys=False, allow_unicode=True))
+        return 0
+    # validate
+    from tbhpc.domains import catalogs
+    validate_tasks(tasks, catalogs({t.domain for t in tasks}))
+    excl = pack / "eval_ids.txt" if pack.is_dir() else None
+    if excl is not None and excl.exists():
+        listed, evals = load_exclusions(excl), {t.id for t in tasks if t.split == "eval"}
+        if listed != evals:
+            bad = sorted(listed ^ evals)[0]
+            raise PackError(str(excl), f"exclusion list disagrees with the pack's eval split (first: {bad})")
+    msg = f"OK: {len(tasks)} tasks in {len(pack_files(pack))} file(s) ({sum(t.split == 'eval' for t in tasks)} eval)"
+    print(json.dumps({"ok": True, "tasks": len(tasks)}) if args.format == "json" else msg)
+    return 0

@@ -1,0 +1,36 @@
+"""The policy interface: a policy opens one session per episode; a session turns the message
+history (OpenAI chat format) plus the tool schemas into raw model text.
+
+Why sessions: scripted policies keep per-episode state (the oracle's position in the golden
+trajectory) and model policies may keep a per-episode token buffer; a policy object itself is
+shared by all episodes of a worker.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tbhpc.llm_client import Usage
+from tbhpc.tasks.schema import Task
+
+
+@dataclass
+class Completion:
+    text: str                       # raw model output, reasoning and tool calls included
+    usage: Usage = field(default_factory=Usage)
+
+
+class PolicySession(Protocol):
+    def complete(self, messages: list[dict], tools: list[dict]) -> Completion: ...
+
+
+class Policy(Protocol):
+    name: str
+
+    def session(self, task: Task) -> PolicySession: ...
+
+
+def chat_messages(messages: list[dict]) -> list[dict]:
+    """History as an OpenAI-compatible server expects it (our bookkeeping keys removed)."""
+    keep = ("role", "content", "tool_calls", "tool_call_id", "name")
+    return [{k: m[k] for k in keep if k in m} for m in messages]

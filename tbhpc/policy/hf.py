@@ -1,0 +1,96 @@
+"""The `hf` policy: a local transformers checkpoint generating in process.
+
+Why: small runs and CPU machines need a policy without a server. Loading is the real loading
+code (`from_pretrained` on a directory, or on a GGUF file via `gguf_file=`), so a user's own
+checkpoint loads the same way as the tiny models the tests build. torch and transformers are
+imported lazily: the rest of tbhpc works without them.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tbhpc.errors import UserError
+from tbhpc.llm_client import Usage
+from tbhpc.policy.base import Completion
+from tbhpc.tasks.schema import Task
+
+
+@dataclass
+class HFPolicy:
+    model_path: str = ""
+    gguf_file: str | None = None
+    temperature: float = 1.0
+    top_k: int = 20
+    top_p: float = 0.95
+    max_new_tokens: int = 512
+    seed: int = 0
+    threads: int = 1
+    name: str = "hf"
+    _loaded: tuple = field(default=(), repr=False)
+
+    def _load(self) -> tuple[Any, Any]:
+        if self._loaded:
+            return self._loaded
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise UserError(f"--policy hf needs torch and transformers ({exc}); run `make env`") from None
+        if not self.model_path or not Path(self.model_path).exists():
+            raise UserError(f"--policy hf: model_path {self.model_path!r} does not exist")
+        torch.set_num_threads(self.threads)
+        kw = {"gguf_file": self.gguf_file} if self.gguf_file else {}
+        tok = AutoTokenizer.from_pretrained(self.model_path, **kw)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32, **kw)
+        model.eval()
+        self._loaded = (tok, model)
+        return self._loaded
+
+    def session(self, task: Task) -> "HFPolicy":
+        self._load()
+        return self
+
+    def complete(self, messages: list[dict], tools: list[dict]) -> Completion:
+        import torch
+
+        tok, model = self._load()
+        ids = tok.apply_chat_template(template_messages(messages), tools=tools or None,
+                                      add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        input_ids = ids["input_ids"]
+        torch.manual_seed(self.seed * 1_000_003 + int(input_ids.shape[1]))  # reproducible per context
+        with torch.no_grad():
+            out = model.generate(
+                **ids, do_sample=self.temperature > 0, temperature=self.temperature or None,
+                top_k=self.top_k, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
+                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+            )
+        new = out[0, input_ids.shape[1]:]
+        text = tok.decode(new, skip_special_tokens=True)
+        return Completion(text, Usage(input_tokens=int(input_ids.shape[1]), output_tokens=int(new.shape[0])))
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """Chat-template form: tool-call arguments as dicts (templates serialise them)."""
+    out = []
+    for m in messages:
+        m2 = {k: m[k] for k in ("role", "content", "tool_call_id", "name") if k in m}
+        if m.get("tool_calls"):
+            m2["tool_calls"] = [{
+                "type": "function",
+                "id": c.get("id"),
+                "function": {"name": c["function"]["name"], "arguments": _as_dict(c["function"]["arguments"])},
+            } for c in m["tool_calls"]]
+        out.append(m2)
+    return out
+
+
+def _as_dict(args: Any) -> Any:
+    if isinstance(args, str):
+        try:
+            return json.loads(args)
+        except json.JSONDecodeError:
+            return {}
+    return args

@@ -1,0 +1,63 @@
+"""The `openai` policy: any OpenAI-compatible chat endpoint (vLLM, a hosted API).
+
+Why the answer is turned back into text: servers may run their own tool-call and reasoning
+parsers and return structured `tool_calls` / `reasoning_content`; we re-render those as text so
+that tbhpc's one interpreter still decides what the calls are (and coerces their types).
+Defaults follow the published sampling: temperature 1.0, top-k 20, top-p 0.95.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from tbhpc.interpret import render_tool_call
+from tbhpc.llm_client import ChatEndpoint
+from tbhpc.policy.base import Completion, chat_messages
+from tbhpc.tasks.schema import Task
+
+DEFAULT_SAMPLING = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "max_tokens": 8192}
+
+
+@dataclass
+class OpenAIPolicy:
+    base_url: str = "http://127.0.0.1:8000/v1"
+    model: str = "default"
+    sampling: dict[str, Any] = field(default_factory=dict)
+    send_tools: bool = True
+    timeout_s: float = 600.0
+    retries: int = 5
+    name: str = "openai"
+
+    def __post_init__(self) -> None:
+        self.endpoint = ChatEndpoint(self.base_url, self.model, timeout_s=self.timeout_s, retries=self.retries,
+                                     sampling={**DEFAULT_SAMPLING, **self.sampling})
+
+    def session(self, task: Task) -> "OpenAIPolicy":
+        return self
+
+    def complete(self, messages: list[dict], tools: list[dict]) -> Completion:
+        extra = {"tools": tools} if (self.send_tools and tools) else {}
+        msg, usage = self.endpoint.chat(chat_messages(messages), **extra)
+        return Completion(message_to_text(msg), usage)
+
+
+def message_to_text(msg: dict) -> str:
+    """Server message -> raw text the interpreter understands."""
+    parts = []
+    reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+    if reasoning:
+        parts.append(f"<think>{reasoning}</think>")
+    if msg.get("content"):
+        parts.append(msg["content"])
+    for call in msg.get("tool_calls") or []:
+        fn = call.get("function", {})
+        args: Any = fn.get("arguments", {})
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError:
+                parts.append(f'<tool_call>{{"name": {json.dumps(fn.get("name", ""))}, "arguments": {args}}}</tool_call>')
+                continue
+        parts.append(render_tool_call(fn.get("name", ""), args))
+    return "\n".join(parts)

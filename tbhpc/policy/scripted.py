@@ -1,0 +1,51 @@
+"""Baselines that need no model: `oracle` replays the task's golden calls, then answers with the
+golden response and `<DONE>`; `noop` answers `<DONE>` at once.
+
+Why they speak text through the interpreter (not direct tool calls): the oracle then exercises
+the same path a model does (tool-call text -> interpreter -> tools), so "oracle passes 100%"
+proves the whole pipeline, not only the backend.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from tbhpc.interpret import render_tool_call
+from tbhpc.policy.base import Completion
+from tbhpc.tasks.schema import GoldenCall, Task
+
+
+@dataclass
+class OraclePolicy:
+    """`calls` may replace the golden trajectory (tests drop a call to prove grading bites)."""
+
+    fmt: str = "hermes"
+    calls: Callable[[Task], list[GoldenCall]] | None = None
+    name: str = "oracle"
+
+    def session(self, task: Task) -> "_OracleSession":
+        calls = list(self.calls(task) if self.calls else task.golden_calls)
+        return _OracleSession(calls, task.golden_response, self.fmt)
+
+
+class _OracleSession:
+    def __init__(self, calls: list[GoldenCall], response: str, fmt: str):
+        self.calls, self.response, self.fmt, self.i = calls, response, fmt, 0
+
+    def complete(self, messages: list[dict], tools: list[dict]) -> Completion:
+        if self.i < len(self.calls):
+            call = self.calls[self.i]
+            self.i += 1
+            return Completion(render_tool_call(call.tool, call.parameters, self.fmt))
+        return Completion(f"{self.response or 'All done.'} <DONE>".strip())
+
+
+@dataclass
+class NoopPolicy:
+    name: str = "noop"
+
+    def session(self, task: Task) -> "NoopPolicy":
+        return self
+
+    def complete(self, messages: list[dict], tools: list[dict]) -> Completion:
+        return Completion("<DONE>")
