@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 
 from tbhpc.env.domain import Domain
@@ -37,6 +38,15 @@ class Grade:
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
+
+
+def contains_phrase(text: str, phrase: str) -> bool:
+    """Case- and whitespace-insensitive containment on word boundaries: "3" is not in "13"."""
+    words = [re.escape(w) for w in phrase.lower().split()]
+    if not words:
+        return True
+    pattern = r"(?<![\w.])" + r"\s+".join(words) + r"(?![\w]|\.\d)"
+    return re.search(pattern, text.lower()) is not None
 
 
 def task_fingerprint(task: Task) -> str:
@@ -75,8 +85,7 @@ def grade(domain: Domain, task: Task, final: State, final_message: str, judge: J
     golden, golden_hash = golden_state(domain, task)
     final_hash = state_hash(final)
     match = final_hash == golden_hash
-    norm = " ".join(final_message.lower().split())
-    missing = [s for s in task.output_contains if " ".join(s.lower().split()) not in norm]
+    missing = [s for s in task.output_contains if not contains_phrase(final_message, s)]
     rubrics = []
     for rubric in task.rubrics_yesno:
         if judge is None:

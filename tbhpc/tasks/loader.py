@@ -19,6 +19,8 @@ from tbhpc.argcheck import check_object
 from tbhpc.errors import PackError
 from tbhpc.tasks.schema import SPLITS, GoldenCall, ManualDoc, Rubric, Scenario, Task
 
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available, else pure Python
+
 TASK_FIELDS = {
     "id", "domain", "split", "template", "instance", "tags", "query", "user_context", "init",
     "golden", "rubrics_yesno", "output_contains", "max_user_turns",
@@ -35,7 +37,7 @@ def read_yaml(path: Path) -> Any:
     except OSError as exc:
         raise PackError(str(path), f"cannot read: {exc.strerror or exc}") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_SAFE_LOADER)  # safe loader: no Python objects, no code
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
