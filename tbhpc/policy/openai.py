@@ -27,10 +27,11 @@ class OpenAIPolicy:
     send_tools: bool = True
     timeout_s: float = 600.0
     retries: int = 5
+    backoff_s: float = 1.0
     name: str = "openai"
 
     def __post_init__(self) -> None:
-        self.endpoint = ChatEndpoint(self.base_url, self.model, timeout_s=self.timeout_s, retries=self.retries,
+        self.endpoint = ChatEndpoint(self.base_url, self.model, timeout_s=self.timeout_s, retries=self.retries, backoff_s=self.backoff_s,
                                      sampling={**DEFAULT_SAMPLING, **self.sampling})
 
     def session(self, task: Task) -> "OpenAIPolicy":

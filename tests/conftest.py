@@ -1,0 +1,78 @@
+"""Shared fixtures: the bundled pack (loaded once) and a local OpenAI-compatible stub server.
+
+The stub server is a *fake LLM* (a real HTTP server on a real loopback socket that answers from
+a script): it exists because no LLM endpoint is available to unit tests. It exercises the real
+client, retries and error paths; real-model serving is tested where a model server runs.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tbhpc.tasks.loader import load_pack
+
+
+@pytest.fixture(scope="session")
+def pack_tasks():
+    return load_pack()
+
+
+@pytest.fixture(scope="session")
+def tasks_by_id(pack_tasks):
+    return {t.id: t for t in pack_tasks}
+
+
+class StubLLM:
+    """Answers POST /v1/chat/completions with `responder(request_body) -> (status, content)`."""
+
+    def __init__(self, responder):
+        self.responder = responder
+        self.requests: list[dict] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.requests.append(body)
+                status, payload = stub.responder(body)
+                if isinstance(payload, str):
+                    payload = {"choices": [{"message": {"role": "assistant", "content": payload}}],
+                               "usage": {"prompt_tokens": 11, "completion_tokens": 3}}
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def stub_llm():
+    servers = []
+
+    def make(responder):
+        s = StubLLM(responder)
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.close()
