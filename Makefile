@@ -8,20 +8,16 @@ STAMP   := $(VENV)/.installed
 
 env: $(STAMP)
 
-# torch first, pinned to the CPU wheel on this machine's disk, so that transformers never
-# drags in a multi-GB CUDA build; then the project with its pinned extras.
-$(STAMP): pyproject.toml
-	test -x $(VPY) || $(PY) -m venv $(VENV)
-	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q -e '.[hf,test]'
+# env/setup.sh: torch first (the CPU wheel on disk), then the project with its pinned extras.
+$(STAMP): pyproject.toml env/setup.sh
+	PY=$(PY) VENV=$(VENV) bash env/setup.sh
 	touch $(STAMP)
 
 test: env
 	$(VPY) -m pytest -q
 
 demo: env
-	$(VENV)/bin/tbhpc demo
+	$(VENV)/bin/tbhpc demo --config jobs/demo.yaml
 
 bench: env
 	$(VPY) bench/episode_overhead.py

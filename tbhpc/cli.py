@@ -49,9 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     ep.add_argument("--format", choices=("text", "json"), default="text")
 
     demo = sub.add_parser("demo", help="evaluate the bundled pack with the built-in policies")
-    demo.add_argument("--pack", default=None)
-    demo.add_argument("--policies", default="oracle,noop")
-    demo.add_argument("--split", choices=("train", "eval", "all"), default="all")
+    demo.add_argument("--config", type=Path, default=None, help="YAML config (see jobs/demo.yaml)")
+    demo.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     return ap
 
 

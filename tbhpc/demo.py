@@ -7,18 +7,32 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from tbhpc.config import config_hash, load_config
 from tbhpc.domains import get_domain
+from tbhpc.errors import UserError
 from tbhpc.env.episode import EpisodeResult, run_episode
 from tbhpc.env.judge import KeywordJudge
 from tbhpc.env.users import ScriptedUser
 from tbhpc.policy import make_policy
 from tbhpc.tasks.loader import default_pack_dir, load_pack
+
+
+@dataclass
+class DemoConfig:
+    pack: str | None = None
+    split: str = "all"
+    policies: list[str] = field(default_factory=lambda: ["oracle", "noop"])
+
+    def __post_init__(self) -> None:
+        if self.split not in ("all", "train", "eval"):
+            raise UserError(f"demo config: field 'split' must be all, train or eval, got {self.split!r}")
 
 
 def evaluate(tasks, policy_name: str, progress: Progress | None = None) -> list[EpisodeResult]:
@@ -52,14 +66,16 @@ def summary_table(by_policy: dict[str, list[EpisodeResult]]) -> Table:
 
 def run(args) -> int:
     console = Console()
-    pack = Path(args.pack) if args.pack else default_pack_dir()
-    tasks = [t for t in load_pack(pack) if args.split == "all" or t.split == args.split]
-    console.print(f"[bold]tbhpc demo[/]: {len(tasks)} tasks from {pack}, policies {args.policies}")
+    cfg = load_config(DemoConfig, args.config, args.overrides)
+    pack = Path(cfg.pack) if cfg.pack else default_pack_dir()
+    tasks = [t for t in load_pack(pack) if cfg.split == "all" or t.split == cfg.split]
+    console.print(f"[bold]tbhpc demo[/]: {len(tasks)} tasks from {pack}, policies {', '.join(cfg.policies)} "
+                  f"(config {config_hash(cfg)})")
     by_policy: dict[str, list[EpisodeResult]] = {}
     start = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console) as prog:
-        for name in args.policies.split(","):
-            by_policy[name] = evaluate(tasks, name.strip(), prog)
+        for name in cfg.policies:
+            by_policy[name] = evaluate(tasks, name, prog)
     console.print(summary_table(by_policy))
     n = sum(len(v) for v in by_policy.values())
     finishes = defaultdict(int)

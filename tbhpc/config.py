@@ -1,0 +1,85 @@
+"""Dataclass configs loaded from YAML files in `jobs/`, overridable with `key=value`.
+
+Why dataclasses: a misspelt key must fail at load time with one line naming the file and the
+field, and every run can write back exactly what it resolved (`resolved()` + `config_hash()`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from tbhpc.errors import UserError
+
+T = TypeVar("T")
+
+
+def load_config(cls: type[T], path: Path | str | None = None, overrides: list[str] | None = None) -> T:
+    values: dict[str, Any] = {}
+    source = str(path) if path else "<defaults>"
+    origin: dict[str, str] = {}
+    if path is not None:
+        try:
+            doc = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise UserError(f"{path}: malformed YAML: {str(exc).splitlines()[0]}") from None
+        if not isinstance(doc, dict):
+            raise UserError(f"{path}: expected a mapping of config fields")
+        values.update(doc)
+    origin = {k: source for k in values}
+    for item in overrides or []:
+        if "=" not in item:
+            raise UserError(f"override {item!r}: expected key=value")
+        key, raw = item.split("=", 1)
+        values[key.strip()] = yaml.safe_load(raw)
+        origin[key.strip()] = f"override {item!r}"
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise UserError(f"{origin[unknown[0]]}: unknown field {unknown[0]!r} (known: {', '.join(fields)})")
+    hints = typing.get_type_hints(cls)
+    for key, value in values.items():
+        want = hints.get(key)
+        if want is not None and not _fits(value, want):
+            raise UserError(f"{origin[key]}: field {key!r}: expected {_name(want)}, got {type(value).__name__}")
+    return cls(**values)
+
+
+def _fits(value: Any, want: Any) -> bool:
+    origin, args = typing.get_origin(want), typing.get_args(want)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if origin is list:
+        return isinstance(value, list) and all(_fits(v, args[0]) for v in value) if args else isinstance(value, list)
+    if origin is dict:
+        return isinstance(value, dict)
+    if want is type(None):
+        return value is None
+    if want is Any or not isinstance(want, type):
+        return True
+    if want is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if want is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, want)
+
+
+def _name(want: Any) -> str:
+    return getattr(want, "__name__", None) or str(want).replace("typing.", "")
+
+
+def resolved(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def config_hash(cfg: Any) -> str:
+    text = json.dumps(resolved(cfg), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
