@@ -168,3 +168,10 @@ def test_keyword_judge_without_keywords_is_a_system_error(tasks_by_id):
     t = dataclasses.replace(tasks_by_id["retail-order_status-000"], rubrics_yesno=(Rubric("Was it polite?"),))
     r = _run(t, OraclePolicy())
     assert r.status == "system_error" and "keyword judge" in r.error
+
+
+def test_judge_endpoint_failure_is_a_system_error(pack_tasks, stub_llm):
+    t = next(t for t in pack_tasks if t.rubrics_yesno)
+    server = stub_llm(lambda body: (502, {"error": "bad gateway"}))
+    r = _run(t, OraclePolicy(), judge=LLMJudge(ChatEndpoint(server.url, "judge", retries=1, backoff_s=0.01)))
+    assert r.status == "system_error" and r.reward is None and r.error_kind == "endpoint" and len(server.requests) == 2
