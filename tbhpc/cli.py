@@ -3,7 +3,6 @@ beyond turning flags into objects and results into text or JSON."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any

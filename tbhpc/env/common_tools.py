@@ -13,7 +13,7 @@ import re
 import sqlite3
 
 from tbhpc.env.db import Backend, Table, cols
-from tbhpc.env.tools import ToolError, ToolRegistry, opt, P
+from tbhpc.env.tools import ToolError, ToolRegistry, find_by_email, opt, P, require
 from tbhpc.tasks.schema import ManualDoc
 
 TICKET_STATUS = ("new", "open", "pending", "solved", "closed")
@@ -27,6 +27,14 @@ TICKET_TABLES = (
     Table("handoffs", cols("id customer_id reason summary created_at"),
           volatile=frozenset({"summary", "created_at"}), id_prefix="H"),
 )
+
+customer_lookup = ToolRegistry()
+
+
+@customer_lookup.tool("Find a customer by email address.", mutates=False, email=P("string", "Email address"))
+def find_customer_by_email(db: Backend, email):
+    return find_by_email(db, db.meta["customer_table"], email, "customer")
+
 
 tickets = ToolRegistry()
 
@@ -53,10 +61,7 @@ def create_ticket(db: Backend, requester_id, subject, description, type, priorit
 
 @tickets.tool("Fetch one ticket by id.", mutates=False, ticket_id=P("string", "Ticket id, e.g. TK3"))
 def get_ticket(db: Backend, ticket_id):
-    row = db.get("tickets", ticket_id)
-    if row is None:
-        raise ToolError(f"ticket {ticket_id} not found")
-    return row
+    return require(db, "tickets", ticket_id, "ticket")
 
 
 @tickets.tool(
@@ -67,9 +72,7 @@ def get_ticket(db: Backend, ticket_id):
     assignee_id=opt("string", "Agent or team id to assign"),
 )
 def update_ticket(db: Backend, ticket_id, **changes):
-    row = db.get("tickets", ticket_id)
-    if row is None:
-        raise ToolError(f"ticket {ticket_id} not found")
+    row = require(db, "tickets", ticket_id, "ticket")
     if row["status"] == "closed":
         raise ToolError(f"ticket {ticket_id} is closed and cannot change")
     if not changes:

@@ -28,6 +28,21 @@ class ToolError(Exception):
     """A business-level failure reported to the agent as tool output."""
 
 
+def require(db: Backend, table: str, row_id: Any, what: str) -> dict:
+    """The row, or a ToolError the agent reads ("order O9 not found")."""
+    row = db.get(table, row_id)
+    if row is None:
+        raise ToolError(f"{what} {row_id} not found")
+    return row
+
+
+def find_by_email(db: Backend, table: str, email: str, what: str) -> dict:
+    rows = db.select(table, email=email.strip().lower())
+    if not rows:
+        raise ToolError(f"no {what} with email {email}")
+    return rows[0]
+
+
 @dataclass(frozen=True)
 class Param:
     """One tool parameter. Optional parameters become `anyOf [T, null]` like the reference."""

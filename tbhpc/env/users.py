@@ -102,7 +102,7 @@ class _LLMUserSession:
                 who = "CUSTOMER" if m["role"] == "user" else "AGENT"
                 lines.append(f"{who}: {m['content']}")  # reasoning is never in `content`
         last = next((m.get("content") or "" for m in reversed(transcript) if m["role"] == "assistant"), "")
-        prompt = (f"TRANSCRIPT:\n" + "\n".join(lines) + f"\n\nUSER_CONTEXT:\n{self.task.user_context}\n\n"
+        prompt = ("TRANSCRIPT:\n" + "\n".join(lines) + f"\n\nUSER_CONTEXT:\n{self.task.user_context}\n\n"
                   f"LAST_ASSISTANT_MESSAGE:\n{last}\n\nWrite the customer's next message.")
         msg, usage = self.user.endpoint.chat(
             [{"role": "system", "content": USER_SYSTEM_PROMPT}, {"role": "user", "content": prompt}],

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tbhpc.env.db import Backend, Table, cols
 from tbhpc.env.domain import Domain
-from tbhpc.env.tools import P, ToolError, ToolRegistry
+from tbhpc.env.tools import P, ToolError, ToolRegistry, find_by_email, require
 
 SYSTEMS = ("github", "salesforce", "figma", "aws", "workday")
 
@@ -32,18 +32,12 @@ tools = ToolRegistry()
 
 
 def _employee(db: Backend, employee_id: str) -> dict:
-    row = db.get("employees", employee_id)
-    if row is None:
-        raise ToolError(f"employee {employee_id} not found")
-    return row
+    return require(db, "employees", employee_id, "employee")
 
 
 @tools.tool("Find an employee by work email.", mutates=False, email=P("string", "Work email"))
 def find_employee_by_email(db: Backend, email):
-    rows = db.select("employees", email=email.strip().lower())
-    if not rows:
-        raise ToolError(f"no employee with email {email}")
-    return rows[0]
+    return find_by_email(db, "employees", email, "employee")
 
 
 @tools.tool("Fetch an employee's profile, including manager and leave balance.", mutates=False,
@@ -73,9 +67,7 @@ def grant_access(db: Backend, employee_id, system, level, approved_by):
 
 @tools.tool("Revoke one access grant.", grant_id=P("string", "Grant id"))
 def revoke_access(db: Backend, grant_id):
-    g = db.get("access_grants", grant_id)
-    if g is None:
-        raise ToolError(f"grant {grant_id} not found")
+    g = require(db, "access_grants", grant_id, "grant")
     if g["status"] != "active":
         raise ToolError(f"grant {grant_id} is already {g['status']}")
     return db.update("access_grants", grant_id, status="revoked")
@@ -113,9 +105,7 @@ def submit_expense(db: Backend, employee_id, category, amount, receipt, status, 
 @tools.tool("Send a device to repair.", device_id=P("string", "Device id"),
             issue=P("string", "Issue code", enum=("screen", "battery", "keyboard", "wont_boot", "other")))
 def request_repair(db: Backend, device_id, issue):
-    dev = db.get("devices", device_id)
-    if dev is None:
-        raise ToolError(f"device {device_id} not found")
+    dev = require(db, "devices", device_id, "device")
     if dev["status"] != "assigned":
         raise ToolError(f"device {device_id} is {dev['status']}")
     db.update("devices", device_id, status="in_repair")
@@ -126,9 +116,7 @@ def request_repair(db: Backend, device_id, issue):
 @tools.tool("Replace a device: the old one is marked returned and a new one of the same type is assigned.",
             device_id=P("string", "Device id"), model=P("string", "Model of the new device from the catalogue"))
 def replace_device(db: Backend, device_id, model):
-    dev = db.get("devices", device_id)
-    if dev is None:
-        raise ToolError(f"device {device_id} not found")
+    dev = require(db, "devices", device_id, "device")
     if dev["status"] != "assigned":
         raise ToolError(f"device {device_id} is {dev['status']}")
     db.update("devices", device_id, status="returned")

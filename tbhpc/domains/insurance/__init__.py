@@ -9,8 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tbhpc.env.db import Backend, Table, cols
+from tbhpc.env.common_tools import customer_lookup
 from tbhpc.env.domain import Domain
-from tbhpc.env.tools import P, ToolError, ToolRegistry, opt
+from tbhpc.env.tools import P, ToolError, require, opt
 
 CLAIM_TYPES = ("collision", "glass", "theft", "weather")
 PLAN_RATES = {"basic": 38.0, "standard": 55.0, "premium": 82.0}  # monthly premium per vehicle
@@ -28,14 +29,11 @@ TABLES = (
           volatile=frozenset({"note", "created_at"}), id_prefix="PAY"),
 )
 
-tools = ToolRegistry()
+tools = customer_lookup.merged()  # find_customer_by_email, shared
 
 
 def _policy(db: Backend, policy_id: str) -> dict:
-    row = db.get("policies", policy_id)
-    if row is None:
-        raise ToolError(f"policy {policy_id} not found")
-    return row
+    return require(db, "policies", policy_id, "policy")
 
 
 def _reprice(db: Backend, policy_id: str) -> float:
@@ -44,14 +42,6 @@ def _reprice(db: Backend, policy_id: str) -> float:
     premium = round(PLAN_RATES[pol["plan"]] * max(n, 1), 2)
     db.update("policies", policy_id, premium_monthly=premium)
     return premium
-
-
-@tools.tool("Find a policyholder by email address.", mutates=False, email=P("string", "Email address"))
-def find_customer_by_email(db: Backend, email):
-    rows = db.select("customers", email=email.strip().lower())
-    if not rows:
-        raise ToolError(f"no customer with email {email}")
-    return rows[0]
 
 
 @tools.tool("List a customer's policies.", mutates=False, customer_id=P("string", "Customer id"))
@@ -68,10 +58,7 @@ def get_policy(db: Backend, policy_id):
 
 @tools.tool("Fetch one claim.", mutates=False, claim_id=P("string", "Claim id"))
 def get_claim(db: Backend, claim_id):
-    row = db.get("claims", claim_id)
-    if row is None:
-        raise ToolError(f"claim {claim_id} not found")
-    return row
+    return require(db, "claims", claim_id, "claim")
 
 
 @tools.tool("File a claim for a vehicle on a policy.",

@@ -8,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tbhpc.env.db import Backend, Table, cols
+from tbhpc.env.common_tools import customer_lookup
 from tbhpc.env.domain import Domain
-from tbhpc.env.tools import P, ToolError, ToolRegistry
+from tbhpc.env.tools import P, ToolError, require
 
 TABLES = (
     Table("customers", cols("id name email plan kyc_status")),
@@ -22,22 +23,7 @@ TABLES = (
     Table("card_orders", cols("id replaces_card delivery fee", fee="real"), id_prefix="CO"),
 )
 
-tools = ToolRegistry()
-
-
-def _get(db: Backend, table: str, row_id: str, what: str) -> dict:
-    row = db.get(table, row_id)
-    if row is None:
-        raise ToolError(f"{what} {row_id} not found")
-    return row
-
-
-@tools.tool("Find a customer by email address.", mutates=False, email=P("string", "Email address"))
-def find_customer_by_email(db: Backend, email):
-    rows = db.select("customers", email=email.strip().lower())
-    if not rows:
-        raise ToolError(f"no customer with email {email}")
-    return rows[0]
+tools = customer_lookup.merged()  # find_customer_by_email, shared
 
 
 @tools.tool("List a customer's accounts with their cards.", mutates=False, customer_id=P("string", "Customer id"))
@@ -47,12 +33,12 @@ def list_accounts(db: Backend, customer_id):
 
 @tools.tool("List an account's transactions, newest first.", mutates=False, account_id=P("string", "Account id"))
 def list_transactions(db: Backend, account_id):
-    _get(db, "accounts", account_id, "account")
+    require(db, "accounts", account_id, "account")
     return sorted(db.select("transactions", account_id=account_id), key=lambda t: t["date"], reverse=True)
 
 
 def _card_status(db: Backend, card_id: str, allowed: tuple, new: str, **extra) -> dict:
-    card = _get(db, "cards", card_id, "card")
+    card = require(db, "cards", card_id, "card")
     if card["status"] not in allowed:
         raise ToolError(f"card {card_id} is {card['status']}")
     return db.update("cards", card_id, status=new, **extra)
@@ -77,7 +63,7 @@ def block_card(db: Backend, card_id, reason):
 @tools.tool("Order a replacement card, charging the given delivery fee.", card_id=P("string", "Card being replaced"),
             delivery=P("string", "Delivery speed", enum=("standard", "express")), fee=P("number", "Fee in USD per the manual", minimum=0))
 def order_replacement_card(db: Backend, card_id, delivery, fee):
-    card = _get(db, "cards", card_id, "card")
+    card = require(db, "cards", card_id, "card")
     if db.select("card_orders", replaces_card=card_id):
         raise ToolError(f"a replacement for {card_id} is already ordered")
     row = db.insert("card_orders", {"replaces_card": card_id, "delivery": delivery, "fee": round(float(fee), 2)})
@@ -92,7 +78,7 @@ def order_replacement_card(db: Backend, card_id, delivery, fee):
             reason=P("string", "Reason code", enum=("unauthorized", "duplicate", "not_received")),
             provisional_credit=P("number", "Provisional credit in USD (0 for none)", minimum=0))
 def open_dispute(db: Backend, transaction_id, reason, provisional_credit):
-    tx = _get(db, "transactions", transaction_id, "transaction")
+    tx = require(db, "transactions", transaction_id, "transaction")
     if tx["status"] == "disputed":
         raise ToolError(f"transaction {transaction_id} is already disputed")
     if provisional_credit > tx["amount"] + 1e-9:
@@ -109,14 +95,14 @@ def open_dispute(db: Backend, transaction_id, reason, provisional_credit):
 @tools.tool("Set a card's daily spending limit.", card_id=P("string", "Card id"),
             daily_limit=P("number", "New daily limit in USD", minimum=0))
 def set_card_limit(db: Backend, card_id, daily_limit):
-    _get(db, "cards", card_id, "card")
+    require(db, "cards", card_id, "card")
     return db.update("cards", card_id, daily_limit=float(daily_limit))
 
 
 @tools.tool("Move money between two accounts of the same customer.", from_account=P("string", "Source account id"),
             to_account=P("string", "Destination account id"), amount=P("number", "Amount in USD", minimum=0.01))
 def transfer_between_accounts(db: Backend, from_account, to_account, amount):
-    src, dst = _get(db, "accounts", from_account, "account"), _get(db, "accounts", to_account, "account")
+    src, dst = require(db, "accounts", from_account, "account"), require(db, "accounts", to_account, "account")
     if src["customer_id"] != dst["customer_id"]:
         raise ToolError("both accounts must belong to the same customer")
     if src["status"] != "active" or dst["status"] != "active":

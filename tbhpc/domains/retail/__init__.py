@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tbhpc.env.db import Backend, Table, cols
+from tbhpc.env.common_tools import customer_lookup
 from tbhpc.env.domain import Domain
-from tbhpc.env.tools import P, ToolError, ToolRegistry, opt
+from tbhpc.env.tools import P, ToolError, require, opt
 
 RETURN_REASONS = ("changed_mind", "defective", "damaged_in_transit", "wrong_item")
 RESOLUTIONS = ("refund", "exchange", "store_credit")
@@ -28,30 +29,16 @@ TABLES = (
           volatile=frozenset({"note", "created_at"}), id_prefix="RF"),
 )
 
-tools = ToolRegistry()
+tools = customer_lookup.merged()  # find_customer_by_email, shared
 
 
 def _order(db: Backend, order_id: str) -> dict:
-    row = db.get("orders", order_id)
-    if row is None:
-        raise ToolError(f"order {order_id} not found")
-    return row
-
-
-@tools.tool("Find a customer by email address.", mutates=False, email=P("string", "Email address"))
-def find_customer_by_email(db: Backend, email):
-    rows = db.select("customers", email=email.strip().lower())
-    if not rows:
-        raise ToolError(f"no customer with email {email}")
-    return rows[0]
+    return require(db, "orders", order_id, "order")
 
 
 @tools.tool("Fetch a customer profile.", mutates=False, customer_id=P("string", "Customer id"))
 def get_customer(db: Backend, customer_id):
-    row = db.get("customers", customer_id)
-    if row is None:
-        raise ToolError(f"customer {customer_id} not found")
-    return row
+    return require(db, "customers", customer_id, "customer")
 
 
 @tools.tool("List a customer's orders (newest first).", mutates=False, customer_id=P("string", "Customer id"))
@@ -67,10 +54,7 @@ def get_order(db: Backend, order_id):
 
 @tools.tool("Fetch a product: category, price, warranty.", mutates=False, product_id=P("string", "Product id"))
 def get_product(db: Backend, product_id):
-    row = db.get("products", product_id)
-    if row is None:
-        raise ToolError(f"product {product_id} not found")
-    return row
+    return require(db, "products", product_id, "product")
 
 
 @tools.tool("Cancel an order that has not shipped yet.",

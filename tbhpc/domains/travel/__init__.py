@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tbhpc.env.db import Backend, Table, cols
+from tbhpc.env.common_tools import customer_lookup
 from tbhpc.env.domain import Domain
-from tbhpc.env.tools import P, ToolError, ToolRegistry, opt
+from tbhpc.env.tools import P, ToolError, require, opt
 
 TABLES = (
     Table("customers", cols("id name email loyalty_tier")),
@@ -25,14 +26,11 @@ TABLES = (
     Table("refunds", cols("id booking_id amount created_at", amount="real"), volatile=frozenset({"created_at"}), id_prefix="RF"),
 )
 
-tools = ToolRegistry()
+tools = customer_lookup.merged()  # find_customer_by_email, shared
 
 
 def _booking(db: Backend, booking_id: str) -> dict:
-    row = db.get("bookings", booking_id)
-    if row is None:
-        raise ToolError(f"booking {booking_id} not found")
-    return row
+    return require(db, "bookings", booking_id, "booking")
 
 
 def _active(db: Backend, booking_id: str) -> dict:
@@ -40,14 +38,6 @@ def _active(db: Backend, booking_id: str) -> dict:
     if b["status"] != "confirmed":
         raise ToolError(f"booking {booking_id} is {b['status']}")
     return b
-
-
-@tools.tool("Find a customer by email address.", mutates=False, email=P("string", "Email address"))
-def find_customer_by_email(db: Backend, email):
-    rows = db.select("customers", email=email.strip().lower())
-    if not rows:
-        raise ToolError(f"no customer with email {email}")
-    return rows[0]
 
 
 @tools.tool("List a customer's flight bookings and hotel reservations.", mutates=False, customer_id=P("string", "Customer id"))
@@ -73,9 +63,7 @@ def search_flights(db: Backend, origin, destination, date):
             change_fee=P("number", "Total change fee in USD per the manual (0 if waived)", minimum=0))
 def change_flight(db: Backend, booking_id, new_flight_id, change_fee):
     b = _active(db, booking_id)
-    old, new = db.get("flights", b["flight_id"]), db.get("flights", new_flight_id)
-    if new is None:
-        raise ToolError(f"flight {new_flight_id} not found")
+    old, new = db.get("flights", b["flight_id"]), require(db, "flights", new_flight_id, "flight")
     if (old["origin"], old["destination"]) != (new["origin"], new["destination"]):
         raise ToolError("a change must keep the same route")
     if new["depart_date"] < db.today:
@@ -105,8 +93,7 @@ def refund_booking(db: Backend, booking_id, amount):
             amount=P("number", "Amount in USD", minimum=0.01),
             reason=P("string", "Reason code", enum=("cancellation", "delay", "goodwill")))
 def issue_voucher(db: Backend, customer_id, amount, reason):
-    if db.get("customers", customer_id) is None:
-        raise ToolError(f"customer {customer_id} not found")
+    require(db, "customers", customer_id, "customer")
     row = db.insert("vouchers", {"customer_id": customer_id, "amount": round(float(amount), 2), "reason": reason, "created_at": db.today})
     return {"voucher_id": row["id"], "amount": row["amount"]}
 
@@ -128,8 +115,7 @@ def search_hotels(db: Backend, city):
 @tools.tool("Book a hotel stay.", customer_id=P("string", "Customer id"), hotel_id=P("string", "Hotel id"),
             check_in=P("string", "YYYY-MM-DD"), nights=P("integer", "Number of nights", minimum=1))
 def book_hotel(db: Backend, customer_id, hotel_id, check_in, nights):
-    if db.get("hotels", hotel_id) is None:
-        raise ToolError(f"hotel {hotel_id} not found")
+    require(db, "hotels", hotel_id, "hotel")
     if check_in < db.today:
         raise ToolError("check-in date is in the past")
     row = db.insert("hotel_reservations", {"customer_id": customer_id, "hotel_id": hotel_id, "check_in": check_in,
@@ -140,9 +126,7 @@ def book_hotel(db: Backend, customer_id, hotel_id, check_in, nights):
 @tools.tool("Cancel a hotel reservation, charging the given cancellation fee.", reservation_id=P("string", "Reservation id"),
             fee=opt("number", "Cancellation fee in USD per the manual (default 0)", minimum=0))
 def cancel_hotel(db: Backend, reservation_id, fee=0.0):
-    r = db.get("hotel_reservations", reservation_id)
-    if r is None:
-        raise ToolError(f"reservation {reservation_id} not found")
+    r = require(db, "hotel_reservations", reservation_id, "reservation")
     if r["status"] != "confirmed":
         raise ToolError(f"reservation {reservation_id} is {r['status']}")
     return db.update("hotel_reservations", reservation_id, status="cancelled", cancellation_fee=round(float(fee), 2))
