@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, Iterable
 
 from tbhpc.errors import PackError
@@ -70,7 +71,7 @@ class Table:
     def col(self, name: str) -> Column:
         return self._by_name[name]
 
-    @property
+    @cached_property  # frozen dataclass: cached_property writes __dict__ directly, which is allowed
     def _by_name(self) -> dict[str, Column]:
         return {c.name: c for c in self.columns}
 

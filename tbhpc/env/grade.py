@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 from tbhpc.env.domain import Domain
-from tbhpc.env.judge import Judge
+from tbhpc.env.judge import Judge, KeywordJudge
 from tbhpc.env.state import State, canonical_state, diff_states, state_hash
 from tbhpc.llm_client import Usage
 from tbhpc.tasks.schema import Task
@@ -87,10 +87,8 @@ def grade(domain: Domain, task: Task, final: State, final_message: str, judge: J
     match = final_hash == golden_hash
     missing = [s for s in task.output_contains if not contains_phrase(final_message, s)]
     rubrics = []
+    judge = judge or KeywordJudge()
     for rubric in task.rubrics_yesno:
-        if judge is None:
-            from tbhpc.env.judge import KeywordJudge
-            judge = KeywordJudge()
         yes, usage = judge.answer(rubric, final_message)
         if judge_usage is not None:
             judge_usage.add(usage)

@@ -17,6 +17,7 @@ import json
 import sqlite3
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable
 
 from tbhpc.argcheck import check_object
@@ -88,7 +89,7 @@ class Tool:
     mutates: bool = True
     end_turn: bool = False
 
-    @property
+    @cached_property
     def parameters(self) -> dict:
         return {
             "type": "object",
@@ -97,6 +98,7 @@ class Tool:
             "additionalProperties": False,
         }
 
+    @cached_property
     def openai_schema(self) -> dict:
         return {"type": "function", "function": {
             "name": self.name, "description": self.description, "parameters": self.parameters}}
@@ -150,7 +152,7 @@ class ToolBox:
         return 1 if self._deadline and time.monotonic() > self._deadline else 0
 
     def schemas(self) -> list[dict]:
-        return [t.openai_schema() for t in self.tools.values()]
+        return [t.openai_schema for t in self.tools.values()]
 
     def parameter_schemas(self) -> dict[str, dict]:
         return {name: t.parameters for name, t in self.tools.items()}

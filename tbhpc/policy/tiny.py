@@ -56,7 +56,7 @@ def corpus() -> list[str]:
     for d in all_domains().values():
         texts.append(d.scenario.instructions)
         texts += [doc.text for doc in d.scenario.manual]
-        texts += [json.dumps(t.openai_schema()) for t in d.tools.values()]
+        texts += [json.dumps(t.openai_schema) for t in d.tools.values()]
     texts += [p.read_text(encoding="utf-8") for p in sorted(default_pack_dir().glob("*.yaml"))]
     return texts
 
