@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     except TbhpcError as exc:
         print(f"tbhpc: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `tbhpc tasks list | head`
+        sys.stderr.close()
+        return 0
     return 0
 
 

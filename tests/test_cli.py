@@ -38,3 +38,10 @@ def test_episode_json_and_text():
 def test_unknown_policy_is_a_one_line_error():
     proc = tbhpc("episode", "--task", "insurance-theft_claim-000", "--policy", "gpt5", check=False)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown policy" in proc.stderr
+
+
+def test_demo_summarises_both_policies():
+    out = tbhpc("demo", "--config", "jobs/demo.yaml", "split=eval").stdout
+    assert "ALL" in out and "134/134 (100%)" in out and "0/134 (0%)" in out
+    bad = tbhpc("demo", "splitt=eval", check=False)
+    assert bad.returncode == 2 and "unknown field 'splitt'" in bad.stderr

@@ -24,6 +24,7 @@ from tbhpc.env.domain import Domain
 from tbhpc.env.grade import Grade, grade
 from tbhpc.env.judge import Judge
 from tbhpc.env.state import canonical_state
+from tbhpc.env.tools import ToolBox
 from tbhpc.env.users import UserSimulator
 from tbhpc.errors import InfraError
 from tbhpc.interpret import interpret
@@ -88,11 +89,9 @@ def run_episode(task: Task, domain: Domain, policy: Policy, user: UserSimulator,
     try:
         backend = domain.backend(task)
         box = domain.toolbox(backend, cfg.tool_timeout_s)
-        tools, schemas = box.schemas(), box.parameter_schemas()
-        agent = policy.session(task)
-        human = user.session(task)
-        max_agent = cfg.max_agent_turns or domain.scenario.max_agent_turns
-        res.finish_reason = _loop(task, agent, human, box, tools, schemas, messages, res, usage, max_agent)
+        turns = _Turns(task, policy.session(task), user.session(task), box, messages, res, usage,
+                       cfg.max_agent_turns or domain.scenario.max_agent_turns)
+        res.finish_reason = turns.run()
         res.final_message = _final_message(messages)
         g: Grade = grade(domain, task, canonical_state(backend), res.final_message, judge, usage["judge"])
         res.reward, res.passed, res.grade = g.reward, g.passed, g.to_dict()
@@ -108,49 +107,70 @@ def run_episode(task: Task, domain: Domain, policy: Policy, user: UserSimulator,
     return res
 
 
-def _loop(task, agent, human, box, tools, schemas, messages, res, usage, max_agent) -> str:
-    while True:
-        # ---- agent turn: model calls until visible text without tool calls ----
+@dataclass
+class _Turns:
+    """The alternation of agent turns and simulated-user turns; returns the finish reason."""
+
+    task: Task
+    agent: Any
+    human: Any
+    box: ToolBox
+    messages: list[dict]
+    res: EpisodeResult
+    usage: dict[str, Usage]
+    max_agent_turns: int
+
+    def __post_init__(self) -> None:
+        self.tools, self.schemas = self.box.schemas(), self.box.parameter_schemas()
+
+    def run(self) -> str:
         while True:
-            if res.agent_turns >= max_agent:
+            finish = self.agent_turn()
+            if finish:
+                return finish
+            if (self.messages[-1].get("content") or "").rstrip().endswith(DONE_MARKER):
+                return "done"
+            if self.res.user_turns >= self.task.max_user_turns:
+                return "user_limit"
+            text, u = self.human.reply(self.messages)
+            self.usage["user"].add(u)
+            self.res.user_turns += 1
+            self.messages.append({"role": "user", "content": text})
+
+    def agent_turn(self) -> str | None:
+        """Model calls until visible text without tool calls; a finish reason if the episode ends."""
+        while True:
+            if self.res.agent_turns >= self.max_agent_turns:
                 return "agent_limit"
-            completion = agent.complete(messages, tools)
-            usage["agent"].add(completion.usage)
-            res.agent_turns += 1
-            parsed = interpret(completion.text, schemas)
+            completion = self.agent.complete(self.messages, self.tools)
+            self.usage["agent"].add(completion.usage)
+            self.res.agent_turns += 1
+            parsed = interpret(completion.text, self.schemas)
             msg: dict[str, Any] = {"role": "assistant", "content": parsed.text}
             if parsed.reasoning:
                 msg["reasoning"] = parsed.reasoning
+            self.messages.append(msg)
             if not parsed.tool_calls:
-                messages.append(msg)
-                break
-            msg["tool_calls"] = [{"id": f"call_{res.agent_turns}_{i}", "type": "function",
-                                  "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
-                                 for i, c in enumerate(parsed.tool_calls)]
-            messages.append(msg)
-            ended = False
-            for i, call in enumerate(parsed.tool_calls):
-                res.tool_calls += 1
-                if call.error:
-                    out = json.dumps({"error": call.error, "tool": call.name})
-                    ok = False
-                else:
-                    result = box.call(call.name, call.arguments)
-                    out, ok, ended = result.output, result.ok, ended or result.end_turn
-                res.tool_errors += 0 if ok else 1
-                messages.append({"role": "tool", "tool_call_id": f"call_{res.agent_turns}_{i}",
-                                 "name": call.name, "content": out})
-                if ended:
+                return None
+            ids = [f"call_{self.res.agent_turns}_{i}" for i in range(len(parsed.tool_calls))]
+            msg["tool_calls"] = [{"id": cid, "type": "function", "function": {
+                "name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+                for cid, c in zip(ids, parsed.tool_calls)]
+            for cid, call in zip(ids, parsed.tool_calls):
+                if self.run_call(cid, call):
                     return "end_turn_tool"
-        # ---- end checks on the agent's visible text ----
-        if (messages[-1].get("content") or "").rstrip().endswith(DONE_MARKER):
-            return "done"
-        if res.user_turns >= task.max_user_turns:
-            return "user_limit"
-        text, u = human.reply(messages)
-        usage["user"].add(u)
-        res.user_turns += 1
-        messages.append({"role": "user", "content": text})
+
+    def run_call(self, call_id: str, call) -> bool:
+        """Run one call (sequentially, as the reference); True when it was an end-turn tool."""
+        self.res.tool_calls += 1
+        if call.error:  # unparseable: the interpreter's message goes back to the model
+            out, ok, end = json.dumps({"error": call.error, "tool": call.name}), False, False
+        else:
+            result = self.box.call(call.name, call.arguments)
+            out, ok, end = result.output, result.ok, result.end_turn
+        self.res.tool_errors += 0 if ok else 1
+        self.messages.append({"role": "tool", "tool_call_id": call_id, "name": call.name, "content": out})
+        return end
 
 
 def _final_message(messages: list[dict]) -> str:
