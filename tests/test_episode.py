@@ -21,7 +21,7 @@ class Script:
     def __init__(self, *lines):
         self.lines = list(lines)
 
-    def session(self, task):
+    def session(self, task, seed=0):
         lines = list(self.lines)
 
         class S:

@@ -97,8 +97,8 @@ def test_two_concurrent_episodes_of_one_task_cannot_see_each_others_writes(tasks
     writes_done = threading.Event()
 
     class SignallingOracle(OraclePolicy):
-        def session(self, t):
-            inner = super().session(t)
+        def session(self, t, seed=0):
+            inner = super().session(t, seed)
 
             class S:
                 def complete(self, messages, tools):
@@ -111,7 +111,7 @@ def test_two_concurrent_episodes_of_one_task_cannot_see_each_others_writes(tasks
     class WaitingNoop:
         name = "waiting-noop"
 
-        def session(self, t):
+        def session(self, t, seed=0):
             return self
 
         def complete(self, messages, tools):

@@ -77,7 +77,7 @@ class EpisodeConfig:
 
 
 def run_episode(task: Task, domain: Domain, policy: Policy, user: UserSimulator,
-                judge: Judge | None = None, config: EpisodeConfig | None = None) -> EpisodeResult:
+                judge: Judge | None = None, config: EpisodeConfig | None = None, seed: int = 0) -> EpisodeResult:
     cfg = config or EpisodeConfig()
     start = time.monotonic()
     usage = {"agent": Usage(), "user": Usage(), "judge": Usage()}
@@ -89,7 +89,7 @@ def run_episode(task: Task, domain: Domain, policy: Policy, user: UserSimulator,
     try:
         backend = domain.backend(task)
         box = domain.toolbox(backend, cfg.tool_timeout_s)
-        turns = _Turns(task, policy.session(task), user.session(task), box, messages, res, usage,
+        turns = _Turns(task, policy.session(task, seed=seed), user.session(task), box, messages, res, usage,
                        cfg.max_agent_turns or domain.scenario.max_agent_turns)
         res.finish_reason = turns.run()
         res.final_message = _final_message(messages)

@@ -27,7 +27,9 @@ class PolicySession(Protocol):
 class Policy(Protocol):
     name: str
 
-    def session(self, task: Task) -> PolicySession: ...
+    def session(self, task: Task, seed: int = 0) -> PolicySession:
+        """One episode. `seed` differs per attempt so repeats of a task sample differently."""
+        ...
 
 
 def chat_messages(messages: list[dict]) -> list[dict]:

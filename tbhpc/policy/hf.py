@@ -49,22 +49,29 @@ class HFPolicy:
         self._loaded = (tok, model)
         return self._loaded
 
-    def session(self, task: Task) -> "HFPolicy":
+    def session(self, task: Task, seed: int = 0) -> "_HFSession":
         self._load()
-        return self
+        return _HFSession(self, self.seed * 1_000_003 + seed)
+
+
+@dataclass
+class _HFSession:
+    policy: HFPolicy
+    seed: int
 
     def complete(self, messages: list[dict], tools: list[dict]) -> Completion:
         import torch
 
-        tok, model = self._load()
+        p = self.policy
+        tok, model = p._load()
         ids = tok.apply_chat_template(template_messages(messages), tools=tools or None,
                                       add_generation_prompt=True, return_tensors="pt", return_dict=True)
         input_ids = ids["input_ids"]
-        torch.manual_seed(self.seed * 1_000_003 + int(input_ids.shape[1]))  # reproducible per context
+        torch.manual_seed(self.seed + int(input_ids.shape[1]))  # reproducible per attempt and context
         with torch.no_grad():
             out = model.generate(
-                **ids, do_sample=self.temperature > 0, temperature=self.temperature or None,
-                top_k=self.top_k, top_p=self.top_p, max_new_tokens=self.max_new_tokens,
+                **ids, do_sample=p.temperature > 0, temperature=p.temperature or None,
+                top_k=p.top_k, top_p=p.top_p, max_new_tokens=p.max_new_tokens,
                 pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
             )
         new = out[0, input_ids.shape[1]:]

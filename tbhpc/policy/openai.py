@@ -34,12 +34,18 @@ class OpenAIPolicy:
         self.endpoint = ChatEndpoint(self.base_url, self.model, timeout_s=self.timeout_s, retries=self.retries, backoff_s=self.backoff_s,
                                      sampling={**DEFAULT_SAMPLING, **self.sampling})
 
-    def session(self, task: Task) -> "OpenAIPolicy":
-        return self
+    def session(self, task: Task, seed: int = 0) -> "_OpenAISession":
+        return _OpenAISession(self, seed)
+
+
+@dataclass
+class _OpenAISession:
+    policy: OpenAIPolicy
+    seed: int
 
     def complete(self, messages: list[dict], tools: list[dict]) -> Completion:
-        extra = {"tools": tools} if (self.send_tools and tools) else {}
-        msg, usage = self.endpoint.chat(chat_messages(messages), **extra)
+        extra: dict[str, Any] = {"tools": tools} if (self.policy.send_tools and tools) else {}
+        msg, usage = self.policy.endpoint.chat(chat_messages(messages), seed=self.seed, **extra)
         return Completion(message_to_text(msg), usage)
 
 

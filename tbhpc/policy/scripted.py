@@ -7,6 +7,7 @@ proves the whole pipeline, not only the backend.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -21,18 +22,21 @@ class OraclePolicy:
 
     fmt: str = "hermes"
     calls: Callable[[Task], list[GoldenCall]] | None = None
+    delay_s: float = 0.0      # emulated model latency per completion (executor tests, benchmarks)
     name: str = "oracle"
 
-    def session(self, task: Task) -> "_OracleSession":
+    def session(self, task: Task, seed: int = 0) -> "_OracleSession":
         calls = list(self.calls(task) if self.calls else task.golden_calls)
-        return _OracleSession(calls, task.golden_response, self.fmt)
+        return _OracleSession(calls, task.golden_response, self.fmt, self.delay_s)
 
 
 class _OracleSession:
-    def __init__(self, calls: list[GoldenCall], response: str, fmt: str):
-        self.calls, self.response, self.fmt, self.i = calls, response, fmt, 0
+    def __init__(self, calls: list[GoldenCall], response: str, fmt: str, delay_s: float = 0.0):
+        self.calls, self.response, self.fmt, self.delay_s, self.i = calls, response, fmt, delay_s, 0
 
     def complete(self, messages: list[dict], tools: list[dict]) -> Completion:
+        if self.delay_s:
+            time.sleep(self.delay_s)
         if self.i < len(self.calls):
             call = self.calls[self.i]
             self.i += 1
@@ -44,7 +48,7 @@ class _OracleSession:
 class NoopPolicy:
     name: str = "noop"
 
-    def session(self, task: Task) -> "NoopPolicy":
+    def session(self, task: Task, seed: int = 0) -> "NoopPolicy":
         return self
 
     def complete(self, messages: list[dict], tools: list[dict]) -> Completion:

@@ -1,0 +1,142 @@
+"""Merge shards into `results.duckdb`: incremental, idempotent, tolerant of corrupt shards.
+
+- Only shards not yet merged are read (the `merged_shards` table remembers names).
+- All new shards are read in one DuckDB scan; if that fails, each is read alone to find the bad
+  ones. A corrupt or truncated shard is moved to `shards/quarantine/`, recorded with its error,
+  and reported in one line naming it; the other shards still merge, and the quarantined shard's
+  keys count as missing (a re-run executes them again).
+- One row per attempt key: an `ok` result is never replaced by a later system error; otherwise
+  the newest result wins. Re-merging changes nothing.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+
+from tbhpc.store.run_dir import RunDir
+from tbhpc.store.schema import ATTEMPT_COLUMNS, DDL, KEY, SHARD_COLUMNS
+from tbhpc.store.shards import list_shards
+
+_READ = "read_json({files}, format='newline_delimited', columns={columns}, filename=true, maximum_object_size=67108864)"
+
+
+@dataclass
+class MergeReport:
+    new_shards: int = 0
+    rows: int = 0
+    quarantined: list[tuple[str, str]] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return [f"shard {name} is corrupt ({err}); moved to shards/quarantine/, its attempts will re-run"
+                for name, err in self.quarantined]
+
+
+def connect(run: RunDir, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    if read_only:
+        return duckdb.connect(str(run.db), read_only=True)
+    con = duckdb.connect(str(run.db))
+    con.execute(DDL)
+    return con
+
+
+def merge(run: RunDir) -> MergeReport:
+    report = MergeReport()
+    with run.lock():
+        con = connect(run)
+        try:
+            _load_metadata(con, run)
+            done = {r[0] for r in con.execute("SELECT shard FROM merged_shards").fetchall()}
+            new = [p for p in list_shards(run.shards) if p.name not in done]
+            report.new_shards = len(new)
+            good = _stage(con, new, run, report)
+            if good:
+                report.rows = _upsert(con)
+                con.executemany("INSERT OR REPLACE INTO merged_shards VALUES (?, ?, now())",
+                                [(p.name, n) for p, n in good])
+        finally:
+            con.close()
+    return report
+
+
+def _stage(con, files: list[Path], run: RunDir, report: MergeReport) -> list[tuple[Path, int]]:
+    """Load the new shards into a temp `staging` table; returns (file, rows) for the good ones."""
+    con.execute(f"CREATE OR REPLACE TEMP TABLE staging ({', '.join(f'{c} {t}' for c, t in ATTEMPT_COLUMNS.items())})")
+    if not files:
+        return []
+    try:
+        _insert(con, files)
+        bad_rows = _invalid_rows(con)
+        if not bad_rows:
+            counts = dict(con.execute("SELECT shard, count(*) FROM staging GROUP BY shard").fetchall())
+            return [(p, counts.get(p.name, 0)) for p in files]
+    except duckdb.Error:
+        pass
+    con.execute("DELETE FROM staging")
+    good = []
+    for p in files:  # slow path: find the bad shards one by one
+        try:
+            n_before = con.execute("SELECT count(*) FROM staging").fetchone()[0]
+            _insert(con, [p])
+            problem = _invalid_rows(con, p.name)
+            if problem:
+                raise ValueError(problem)
+            good.append((p, con.execute("SELECT count(*) FROM staging").fetchone()[0] - n_before))
+        except (duckdb.Error, ValueError) as exc:
+            con.execute("DELETE FROM staging WHERE shard = ?", [p.name])
+            msg = " ".join(str(exc).split())[:200]
+            run.quarantine.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(p), run.quarantine / p.name)
+            con.execute("INSERT OR REPLACE INTO quarantined_shards VALUES (?, ?, now())", [p.name, msg])
+            report.quarantined.append((p.name, msg))
+    return good
+
+
+def _insert(con, files: list[Path]) -> None:
+    names = "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in files) + "]"
+    cols = ", ".join(SHARD_COLUMNS)
+    con.execute(f"INSERT INTO staging SELECT {cols}, regexp_extract(filename, '[^/]+$') AS shard "
+                f"FROM {_READ.format(files=names, columns=_columns())}")
+
+
+def _columns() -> str:
+    return "{" + ", ".join(f"'{c}': '{t}'" for c, t in SHARD_COLUMNS.items()) + "}"
+
+
+def _invalid_rows(con, shard: str | None = None) -> str | None:
+    where = "WHERE " + " OR ".join(f"{k} IS NULL" for k in KEY) + " OR status NOT IN ('ok', 'system_error')"
+    if shard is not None:
+        where = f"WHERE shard = '{shard}' AND ({where[6:]})"
+    n = con.execute(f"SELECT count(*) FROM staging {where}").fetchone()[0]
+    return f"{n} row(s) without a full attempt key or with an unknown status" if n else None
+
+
+def _upsert(con) -> int:
+    key = ", ".join(KEY)
+    con.execute(f"""
+        CREATE OR REPLACE TEMP TABLE fresh AS
+        SELECT * FROM staging
+        QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY (status = 'ok') DESC, finished_at DESC, shard DESC) = 1""")
+    on = " AND ".join(f"a.{k} = f.{k}" for k in KEY)
+    con.execute(f"""
+        DELETE FROM fresh f WHERE EXISTS (
+            SELECT 1 FROM attempts a WHERE {on} AND a.status = 'ok' AND f.status <> 'ok')""")
+    n = con.execute("SELECT count(*) FROM fresh").fetchone()[0]
+    con.execute("INSERT OR REPLACE INTO attempts SELECT * FROM fresh")
+    return n
+
+
+def _load_metadata(con, run: RunDir) -> None:
+    camp = run.campaign()
+    con.execute("INSERT OR REPLACE INTO campaigns VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [camp["campaign"], camp.get("kind"), camp.get("policy_id"), camp.get("config_hash"),
+                 json.dumps(camp.get("config", {})), camp.get("created_at"), camp.get("source", "tbhpc")])
+    rows = run.plan()
+    con.executemany("INSERT OR REPLACE INTO tasks VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [(camp["campaign"], r["task_id"], r.get("domain"), r.get("split"), r.get("n_golden_calls"),
+                      r.get("tags") or [], r.get("template")) for r in rows])
+    con.executemany("INSERT OR REPLACE INTO plan VALUES (?, ?, ?, ?)",
+                    [(camp["campaign"], r["task_id"], camp.get("policy_id"), r["repeats"]) for r in rows])

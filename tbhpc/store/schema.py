@@ -1,0 +1,49 @@
+"""The attempt row: one source of truth for shard files, the DuckDB tables and the views.
+
+An attempt is identified by its key (campaign, task_id, attempt_index, policy_id). Token counts
+are per model role (agent, user, judge) and kind (in, cached, out, reasoning); `in` includes
+`cached` (OpenAI convention).
+"""
+from __future__ import annotations
+
+KEY = ("campaign", "task_id", "attempt_index", "policy_id")
+ROLES = ("agent", "user", "judge")
+TOKEN_KINDS = ("in", "cached", "out", "reasoning")
+
+ATTEMPT_COLUMNS: dict[str, str] = {
+    "campaign": "VARCHAR", "task_id": "VARCHAR", "attempt_index": "INTEGER", "policy_id": "VARCHAR",
+    "domain": "VARCHAR", "reward": "DOUBLE", "passed": "BOOLEAN", "status": "VARCHAR", "finish_reason": "VARCHAR",
+    "agent_turns": "INTEGER", "user_turns": "INTEGER", "tool_calls": "INTEGER", "tool_errors": "INTEGER",
+    **{f"{r}_{k}": "BIGINT" for r in ROLES for k in TOKEN_KINDS},
+    "wall_s": "DOUBLE", "host": "VARCHAR", "worker_pid": "INTEGER",
+    "slurm_job_id": "VARCHAR", "slurm_array_job_id": "VARCHAR", "slurm_array_task_id": "VARCHAR",
+    "started_at": "TIMESTAMP", "finished_at": "TIMESTAMP",
+    "error": "VARCHAR", "error_kind": "VARCHAR", "final_hash": "VARCHAR", "golden_hash": "VARCHAR",
+    "diff": "VARCHAR", "final_message": "VARCHAR", "shard": "VARCHAR",
+}
+SHARD_COLUMNS = {k: v for k, v in ATTEMPT_COLUMNS.items() if k != "shard"}  # `shard` is added at merge
+
+DDL = f"""
+CREATE TABLE IF NOT EXISTS campaigns (
+    campaign VARCHAR PRIMARY KEY, kind VARCHAR, policy_id VARCHAR, config_hash VARCHAR,
+    config JSON, created_at TIMESTAMP, source VARCHAR);
+CREATE TABLE IF NOT EXISTS tasks (
+    campaign VARCHAR, task_id VARCHAR, domain VARCHAR, split VARCHAR, n_golden_calls INTEGER,
+    tags VARCHAR[], template VARCHAR, PRIMARY KEY (campaign, task_id));
+CREATE TABLE IF NOT EXISTS plan (
+    campaign VARCHAR, task_id VARCHAR, policy_id VARCHAR, repeats INTEGER,
+    PRIMARY KEY (campaign, task_id, policy_id));
+CREATE TABLE IF NOT EXISTS attempts (
+    {", ".join(f"{c} {t}" for c, t in ATTEMPT_COLUMNS.items())},
+    PRIMARY KEY ({", ".join(KEY)}));
+CREATE TABLE IF NOT EXISTS merged_shards (shard VARCHAR PRIMARY KEY, rows INTEGER, merged_at TIMESTAMP);
+CREATE TABLE IF NOT EXISTS quarantined_shards (shard VARCHAR PRIMARY KEY, error VARCHAR, at TIMESTAMP);
+CREATE OR REPLACE VIEW task_stats AS
+SELECT a.campaign, a.policy_id, a.task_id, any_value(coalesce(t.domain, a.domain)) AS domain,
+       count(*) AS n_rows,
+       count(*) FILTER (WHERE a.status = 'ok') AS n,
+       count(*) FILTER (WHERE a.status = 'ok' AND a.passed) AS c,
+       count(*) FILTER (WHERE a.status = 'system_error') AS system_errors
+FROM attempts a LEFT JOIN tasks t ON t.campaign = a.campaign AND t.task_id = a.task_id
+GROUP BY a.campaign, a.policy_id, a.task_id;
+"""
