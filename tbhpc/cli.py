@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_flags(ep)
     ep.add_argument("--format", choices=("text", "json"), default="text")
 
+    from tbhpc import cli_campaign
+    cli_campaign.add_parsers(sub)
+
     demo = sub.add_parser("demo", help="evaluate the bundled pack with the built-in policies")
     demo.add_argument("--config", type=Path, default=None, help="YAML config (see jobs/demo.yaml)")
     demo.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
@@ -72,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "episode":
             from tbhpc import cli_episode
             return cli_episode.run(args, _opts(args.opt))
+        if args.cmd in ("probe", "eval", "merge", "validate"):
+            from tbhpc import cli_campaign
+            return cli_campaign.run(args)
         if args.cmd == "demo":
             from tbhpc import demo
             return demo.run(args)

@@ -20,10 +20,12 @@ from tbhpc.errors import UserError
 T = TypeVar("T")
 
 
-def load_config(cls: type[T], path: Path | str | None = None, overrides: list[str] | None = None) -> T:
-    values: dict[str, Any] = {}
+def load_config(cls: type[T], path: Path | str | None = None, overrides: list[str] | None = None,
+                base: dict[str, Any] | None = None) -> T:
+    """`base` values (e.g. a command's defaults) < the YAML file < `key=value` overrides."""
+    values: dict[str, Any] = dict(base or {})
+    origin = {k: "defaults" for k in values}
     source = str(path) if path else "<defaults>"
-    origin: dict[str, str] = {}
     if path is not None:
         try:
             doc = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
@@ -34,22 +36,31 @@ def load_config(cls: type[T], path: Path | str | None = None, overrides: list[st
         if not isinstance(doc, dict):
             raise UserError(f"{path}: expected a mapping of config fields")
         values.update(doc)
-    origin = {k: source for k in values}
+        origin.update({k: source for k in doc})
     for item in overrides or []:
         if "=" not in item:
             raise UserError(f"override {item!r}: expected key=value")
         key, raw = item.split("=", 1)
         values[key.strip()] = yaml.safe_load(raw)
         origin[key.strip()] = f"override {item!r}"
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(fields))
+    return from_dict(cls, values, origin)
+
+
+def from_dict(cls: type[T], values: dict[str, Any], origin: dict[str, str] | None = None) -> T:
+    """Build a config dataclass from plain values; unknown keys and wrong types fail in one line
+    naming where the value came from (`origin`: key -> file or override)."""
+    origin = origin or {}
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - fields)
     if unknown:
-        raise UserError(f"{origin[unknown[0]]}: unknown field {unknown[0]!r} (known: {', '.join(fields)})")
+        where = origin.get(unknown[0], cls.__name__)
+        raise UserError(f"{where}: unknown field {unknown[0]!r} (known: {', '.join(sorted(fields))})")
     hints = typing.get_type_hints(cls)
     for key, value in values.items():
         want = hints.get(key)
         if want is not None and not _fits(value, want):
-            raise UserError(f"{origin[key]}: field {key!r}: expected {_name(want)}, got {type(value).__name__}")
+            where = origin.get(key, cls.__name__)
+            raise UserError(f"{where}: field {key!r}: expected {_name(want)}, got {type(value).__name__}")
     return cls(**values)
 
 

@@ -37,7 +37,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     {", ".join(f"{c} {t}" for c, t in ATTEMPT_COLUMNS.items())},
     PRIMARY KEY ({", ".join(KEY)}));
 CREATE TABLE IF NOT EXISTS merged_shards (shard VARCHAR PRIMARY KEY, rows INTEGER, merged_at TIMESTAMP);
-CREATE TABLE IF NOT EXISTS quarantined_shards (shard VARCHAR PRIMARY KEY, error VARCHAR, at TIMESTAMP);
+CREATE TABLE IF NOT EXISTS quarantined_shards (shard VARCHAR PRIMARY KEY, error VARCHAR, quarantined_at TIMESTAMP);
 CREATE OR REPLACE VIEW task_stats AS
 SELECT a.campaign, a.policy_id, a.task_id, any_value(coalesce(t.domain, a.domain)) AS domain,
        count(*) AS n_rows,

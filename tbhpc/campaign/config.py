@@ -1,0 +1,131 @@
+"""Campaign configuration and planning: which tasks, how many repeats, which policy, user, judge.
+
+The *identity* of a campaign (everything except how it is executed) is hashed; re-running into
+an existing run directory with a different identity is refused, so a run directory never mixes
+two experiments. Execution fields (workers, chunk size) may change between resumptions.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tbhpc.errors import UserError
+from tbhpc.tasks.loader import default_pack_dir, load_pack, pack_files
+from tbhpc.tasks.schema import Task
+
+EXECUTION_FIELDS = ("workers", "chunk_size")
+KINDS = ("probe", "eval")
+
+
+@dataclass
+class CampaignConfig:
+    name: str = "eval"
+    kind: str = "eval"                 # probe | eval
+    pack: str | None = None            # pack file/dir; None = the bundled pack
+    split: str = "eval"                # train | eval | all
+    tasks: str | None = None           # file of task ids: YAML list, pool file {tasks: [...]}, or one id per line
+    domains: list[str] = field(default_factory=list)
+    limit: int | None = None           # first N tasks after filtering (smoke runs)
+    repeats: int = 1
+    policy: str = "oracle"
+    policy_opts: dict[str, Any] = field(default_factory=dict)
+    policy_id: str | None = None       # default: derived from policy and its options
+    user: str = "scripted"             # scripted | openai
+    user_url: str | None = None
+    user_model: str = "default"
+    judge: str = "keyword"             # keyword | openai
+    judge_url: str | None = None
+    judge_model: str = "default"
+    seed: int = 0
+    workers: int = 1                   # execution only
+    chunk_size: int = 8                # attempts per shard (execution only)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise UserError(f"campaign config: field 'kind' must be probe or eval, got {self.kind!r}")
+        if self.split not in ("train", "eval", "all"):
+            raise UserError(f"campaign config: field 'split' must be train, eval or all, got {self.split!r}")
+        for name in ("repeats", "workers", "chunk_size"):
+            if getattr(self, name) < 1:
+                raise UserError(f"campaign config: field {name!r} must be >= 1")
+
+    @property
+    def resolved_policy_id(self) -> str:
+        if self.policy_id:
+            return self.policy_id
+        if not self.policy_opts:
+            return self.policy
+        label = self.policy_opts.get("model") or Path(str(self.policy_opts.get("model_path", ""))).name
+        digest = hashlib.sha256(json.dumps(self.policy_opts, sort_keys=True).encode()).hexdigest()[:8]
+        return f"{self.policy}:{label}:{digest}" if label else f"{self.policy}:{digest}"
+
+    def identity(self) -> dict:
+        d = asdict(self)
+        for k in EXECUTION_FIELDS:
+            d.pop(k)
+        d["policy_id"] = self.resolved_policy_id
+        return d
+
+
+def pack_hash(pack: Path) -> str:
+    h = hashlib.sha256()
+    for p in pack_files(pack):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def identity_hash(cfg: CampaignConfig, pack_digest: str) -> str:
+    text = json.dumps({**cfg.identity(), "pack_hash": pack_digest}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def pack_path(cfg: CampaignConfig) -> Path:
+    return Path(cfg.pack) if cfg.pack else default_pack_dir()
+
+
+def read_task_ids(path: Path) -> list[str]:
+    """Ids from a YAML list, a pool file ({tasks: [...]}) or a text file with one id per line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read task list: {exc.strerror}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("tasks"), list):
+        doc = doc["tasks"]
+    if isinstance(doc, list) and all(isinstance(x, str) for x in doc):
+        return doc
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def select_tasks(cfg: CampaignConfig) -> list[Task]:
+    tasks = load_pack(pack_path(cfg))
+    if cfg.tasks:
+        by_id = {t.id: t for t in tasks}
+        ids = read_task_ids(Path(cfg.tasks))
+        missing = [i for i in ids if i not in by_id]
+        if missing:
+            raise UserError(f"{cfg.tasks}: task id {missing[0]!r} is not in pack {pack_path(cfg)} ({len(missing)} unknown)")
+        tasks = [by_id[i] for i in dict.fromkeys(ids)]
+    else:
+        tasks = [t for t in tasks if cfg.split == "all" or t.split == cfg.split]
+    if cfg.domains:
+        tasks = [t for t in tasks if t.domain in set(cfg.domains)]
+    if cfg.limit is not None:
+        tasks = tasks[: cfg.limit]
+    if not tasks:
+        raise UserError("campaign config selects no tasks (check split, tasks, domains, limit)")
+    return tasks
+
+
+def plan_rows(tasks: list[Task], repeats: int) -> list[dict]:
+    return [{"task_id": t.id, "domain": t.domain, "split": t.split, "n_golden_calls": t.n_golden_calls,
+             "tags": list(t.tags), "template": t.template, "repeats": repeats} for t in tasks]

@@ -1,0 +1,75 @@
+"""Executors run chunks of attempt keys somewhere. `local` is a process pool on this machine; the
+Slurm and MPI executors plug into the same interface (`run(run_path, chunks, on_chunk)`), since a
+chunk is always executed by `Worker(run_path).run_chunk(keys)` and lands in its own shard.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Callable, Protocol
+
+from tbhpc.campaign.worker import Key, Worker
+from tbhpc.errors import InfraError
+
+OnChunk = Callable[[int, int], None]  # (ok, system_errors) of one finished chunk
+
+
+class Executor(Protocol):
+    name: str
+
+    def run(self, run_path: Path, chunks: list[list[Key]], on_chunk: OnChunk) -> None: ...
+
+
+class LocalExecutor:
+    """`workers` processes (spawned, one torch thread each); 1 worker runs in this process."""
+
+    name = "local"
+
+    def __init__(self, workers: int = 1):
+        self.workers = workers
+
+    def run(self, run_path: Path, chunks: list[list[Key]], on_chunk: OnChunk) -> None:
+        if not chunks:
+            return
+        if self.workers == 1:
+            worker = Worker(run_path)
+            for chunk in chunks:
+                on_chunk(*worker.run_chunk(chunk))
+            return
+        ctx = mp.get_context("spawn")
+        with ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init, initargs=(str(run_path),)) as pool:
+            pending = {pool.submit(_run_chunk, c) for c in chunks}
+            try:
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for fut in done:
+                        on_chunk(*fut.result())
+            except BrokenProcessPool as exc:
+                for fut in pending:
+                    fut.cancel()
+                raise InfraError("a local worker process died (killed or crashed); finished chunks are "
+                                 "saved, re-run the same command to complete the missing attempts") from exc
+
+
+_WORKER: Worker | None = None
+
+
+def _init(run_path: str) -> None:
+    global _WORKER
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _WORKER = Worker(run_path)
+
+
+def _run_chunk(keys: list[Key]) -> tuple[int, int]:
+    assert _WORKER is not None
+    return _WORKER.run_chunk(keys)
+
+
+def make_executor(name: str, workers: int) -> Executor:
+    if name == "local":
+        return LocalExecutor(workers)
+    from tbhpc.errors import UserError
+    raise UserError(f"--executor: unknown executor {name!r} (available here: local)")

@@ -1,0 +1,78 @@
+"""The unit of work every executor runs: a chunk of attempt keys -> one atomic shard.
+
+A worker process builds its context once (config, tasks, policy, user, judge) from the run
+directory alone, so local processes, Slurm array tasks and MPI ranks all start the same way:
+`Worker(run_path).run_chunk(keys)`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tbhpc.agents import build_judge, build_user
+from tbhpc.campaign.config import CampaignConfig, select_tasks
+from tbhpc.config import load_config
+from tbhpc.domains import get_domain
+from tbhpc.env.episode import EpisodeResult, run_episode
+from tbhpc.policy import make_policy
+from tbhpc.store.run_dir import RunDir
+from tbhpc.store.schema import ROLES
+from tbhpc.store.shards import write_shard
+
+Key = tuple[str, int]  # (task_id, attempt_index); campaign and policy id are the run's
+
+
+def attempt_seed(seed: int, task_id: str, attempt_index: int) -> int:
+    digest = hashlib.sha256(f"{seed}:{task_id}:{attempt_index}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+class Worker:
+    def __init__(self, run_path: Path | str):
+        self.run = RunDir(Path(run_path)).require()
+        self.cfg = load_config(CampaignConfig, self.run.config_file)
+        self.campaign = self.run.campaign()
+        self.tasks = {t.id: t for t in select_tasks(self.cfg)}
+        self.policy = make_policy(self.cfg.policy, **self.cfg.policy_opts)
+        self.user = build_user(self.cfg)
+        self.judge = build_judge(self.cfg)
+
+    def run_chunk(self, keys: list[Key]) -> tuple[int, int]:
+        """Run the attempts, write one shard; returns (ok, system_errors)."""
+        rows = [self.attempt(task_id, index) for task_id, index in keys]
+        write_shard(self.run.shards, rows)
+        errors = sum(r["status"] == "system_error" for r in rows)
+        return len(rows) - errors, errors
+
+    def attempt(self, task_id: str, index: int) -> dict:
+        task = self.tasks[task_id]
+        started = datetime.now(timezone.utc)
+        res = run_episode(task, get_domain(task.domain), self.policy, self.user, self.judge,
+                          seed=attempt_seed(self.cfg.seed, task_id, index))
+        return attempt_row(res, self.campaign["campaign"], self.campaign["policy_id"], index, started)
+
+
+def attempt_row(res: EpisodeResult, campaign: str, policy_id: str, index: int, started: datetime) -> dict:
+    row = {
+        "campaign": campaign, "task_id": res.task_id, "attempt_index": index, "policy_id": policy_id,
+        "domain": res.domain, "reward": res.reward, "passed": res.passed, "status": res.status,
+        "finish_reason": res.finish_reason, "agent_turns": res.agent_turns, "user_turns": res.user_turns,
+        "tool_calls": res.tool_calls, "tool_errors": res.tool_errors, "wall_s": res.wall_s, "host": res.host,
+        "worker_pid": os.getpid(), "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_array_job_id": os.environ.get("SLURM_ARRAY_JOB_ID"),
+        "slurm_array_task_id": os.environ.get("SLURM_ARRAY_TASK_ID"),
+        "started_at": started.replace(tzinfo=None), "finished_at": datetime.now(timezone.utc).replace(tzinfo=None),
+        "error": res.error or None, "error_kind": res.error_kind or None,
+        "final_hash": (res.grade or {}).get("final_hash"), "golden_hash": (res.grade or {}).get("golden_hash"),
+        "diff": json.dumps((res.grade or {}).get("diff")) if res.grade and res.grade.get("diff") else None,
+        "final_message": res.final_message[:4000] or None,
+    }
+    names = {"in": "input_tokens", "cached": "cached_tokens", "out": "output_tokens", "reasoning": "reasoning_tokens"}
+    for role in ROLES:
+        usage = res.usage.get(role, {})
+        for short, long in names.items():
+            row[f"{role}_{short}"] = int(usage.get(long, 0))
+    return row

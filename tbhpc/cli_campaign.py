@@ -1,0 +1,57 @@
+"""`tbhpc probe|eval|merge|validate`: run, resume, merge and check campaigns."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from tbhpc.campaign import run_campaign
+from tbhpc.campaign.config import CampaignConfig, read_task_ids
+from tbhpc.campaign.executors import make_executor
+from tbhpc.campaign.validate import validate
+from tbhpc.config import load_config
+from tbhpc.store.merge import merge
+from tbhpc.store.run_dir import RunDir
+
+KIND_DEFAULTS = {
+    "probe": {"name": "probe", "kind": "probe", "split": "train", "repeats": 8},
+    "eval": {"name": "eval", "kind": "eval", "split": "eval", "repeats": 1},
+}
+
+
+def add_parsers(sub) -> None:
+    for kind in ("probe", "eval"):
+        p = sub.add_parser(kind, help=f"run (or resume) a {kind} campaign into a run directory")
+        p.add_argument("--out", type=Path, required=True, help="run directory (created, or resumed if it exists)")
+        p.add_argument("--config", type=Path, help=f"YAML campaign config (see jobs/{kind}.yaml)")
+        p.add_argument("--executor", default="local")
+        p.add_argument("--workers", type=int, help="local worker processes (overrides workers=)")
+        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    m = sub.add_parser("merge", help="merge a run's shards into results.duckdb")
+    m.add_argument("run", type=Path)
+    v = sub.add_parser("validate", help="check a run holds exactly tasks x repeats keys and no system errors")
+    v.add_argument("run", type=Path)
+    v.add_argument("--tasks", type=Path, help="expected task ids (YAML list, pool file, or one per line)")
+    v.add_argument("--repeats", type=int)
+
+
+def run(args) -> int:
+    console = Console(stderr=True)
+    if args.cmd in ("probe", "eval"):
+        overrides = list(args.overrides) + ([f"workers={args.workers}"] if args.workers else [])
+        cfg = load_config(CampaignConfig, args.config, overrides, base=KIND_DEFAULTS[args.cmd])
+        res = run_campaign(cfg, args.out, make_executor(args.executor, cfg.workers), console)
+        print(f"{args.out}: {res.planned} planned, {res.already_done} already done, {res.executed} executed "
+              f"({res.ok} ok, {res.system_errors} system errors), {res.missing} still to run")
+        return 0 if res.missing == 0 else 1
+    run_dir = RunDir(args.run).require()
+    if args.cmd == "merge":
+        rep = merge(run_dir)
+        for line in rep.lines():
+            console.print(f"[red]error[/]: {line}")
+        print(f"{args.run}: merged {rep.new_shards} new shard(s), {rep.rows} attempt row(s)")
+        return 1 if rep.quarantined else 0
+    ids = read_task_ids(args.tasks) if args.tasks else None
+    val = validate(run_dir, ids, args.repeats)
+    print(val.summary())
+    return 0 if val.ok else 1
