@@ -47,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_flags(ep)
     ep.add_argument("--format", choices=("text", "json"), default="text")
 
-    from tbhpc import cli_campaign
+    from tbhpc import cli_campaign, cli_results
     cli_campaign.add_parsers(sub)
+    cli_results.add_parsers(sub)
 
     demo = sub.add_parser("demo", help="evaluate the bundled pack with the built-in policies")
     demo.add_argument("--config", type=Path, default=None, help="YAML config (see jobs/demo.yaml)")
@@ -78,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd in ("probe", "eval", "merge", "validate"):
             from tbhpc import cli_campaign
             return cli_campaign.run(args)
+        if args.cmd in ("agg", "select", "report", "import-tb"):
+            from tbhpc import cli_results
+            return cli_results.run(args)
         if args.cmd == "demo":
             from tbhpc import demo
             return demo.run(args)

@@ -1,12 +1,16 @@
 """Baselines that need no model: `oracle` replays the task's golden calls, then answers with the
 golden response and `<DONE>`; `noop` answers `<DONE>` at once.
 
+A noisy oracle (`skill` < 1) gives every task a success rate of about skill^(writes + 1), so the
+probe -> select -> evaluate pipeline has a realistic spread of difficulty without any model.
+
 Why they speak text through the interpreter (not direct tool calls): the oracle then exercises
 the same path a model does (tool-call text -> interpreter -> tools), so "oracle passes 100%"
 proves the whole pipeline, not only the backend.
 """
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -23,11 +27,17 @@ class OraclePolicy:
     fmt: str = "hermes"
     calls: Callable[[Task], list[GoldenCall]] | None = None
     delay_s: float = 0.0      # emulated model latency per completion (executor tests, benchmarks)
+    skill: float = 1.0        # < 1: a noisy oracle that skips each golden call (and the answer) with 1 - skill
     name: str = "oracle"
 
     def session(self, task: Task, seed: int = 0) -> "_OracleSession":
         calls = list(self.calls(task) if self.calls else task.golden_calls)
-        return _OracleSession(calls, task.golden_response, self.fmt, self.delay_s)
+        response = task.golden_response
+        if self.skill < 1.0:
+            rng = random.Random(seed)
+            calls = [c for c in calls if rng.random() < self.skill]
+            response = response if rng.random() < self.skill else "I could not finish this."
+        return _OracleSession(calls, response, self.fmt, self.delay_s)
 
 
 class _OracleSession:
