@@ -9,6 +9,8 @@ from tbhpc.campaign.validate import validate
 from tbhpc.errors import UserError
 from tbhpc.metrics import render
 from tbhpc.metrics.agg import compare, load_counts, load_prices, summarise
+from tbhpc.selection.bands import DEFAULT_KEEP
+from tbhpc.selection.pool import SelectConfig, run_select
 from tbhpc.store.run_dir import RunDir
 
 
@@ -21,6 +23,17 @@ def add_parsers(sub) -> None:
     a.add_argument("--prices", type=Path, help="YAML price table per role (USD per 1M tokens)")
     a.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates over tasks (0 = off)")
     a.add_argument("--allow-incomplete", action="store_true")
+
+    s = sub.add_parser("select", help="Jeffreys difficulty bands -> training pool (YAML) + manifest + DuckDB table")
+    s.add_argument("run", type=Path, help="probe run directory")
+    s.add_argument("--out", type=Path, required=True, help="pool file to write (YAML)")
+    s.add_argument("--keep", default=",".join(DEFAULT_KEEP), help="bands to keep (comma-separated)")
+    s.add_argument("--min-clean-runs", type=int, default=3)
+    s.add_argument("--exclude", type=Path, action="append", default=[],
+                   help="exclusion list (ids one per line); default: the probed pack's eval_ids.txt")
+    s.add_argument("--reference", type=Path, help="reference-policy probe run for the solvability gate")
+    s.add_argument("--reference-min-successes", type=int, default=1)
+    s.add_argument("--reference-min-clean-runs", type=int, default=4)
 
 
 def checked_counts(path: Path, allow_incomplete: bool):
@@ -53,4 +66,26 @@ def run(args) -> int:
             if cmp:
                 console.print(render.comparison_markdown(cmp))
         return 0
+    if args.cmd == "select":
+        return _select(args)
     raise UserError(f"unknown command {args.cmd}")
+
+
+def _select(args) -> int:
+    from tbhpc.campaign.config import CampaignConfig, pack_path
+    from tbhpc.config import from_dict
+    run = RunDir(args.run).require()
+    excludes = [str(p) for p in args.exclude]
+    if not excludes:
+        default = pack_path(from_dict(CampaignConfig, run.campaign()["config"])) / "eval_ids.txt"
+        if default.exists():
+            excludes = [str(default)]
+    cfg = SelectConfig(keep=[b.strip() for b in args.keep.split(",") if b.strip()], min_clean_runs=args.min_clean_runs,
+                       exclude=excludes, reference=str(args.reference) if args.reference else None,
+                       reference_min_successes=args.reference_min_successes,
+                       reference_min_clean_runs=args.reference_min_clean_runs)
+    sel = run_select(args.run, args.out, cfg)
+    print(f"bands: " + ", ".join(f"{b} {n}" for b, n in sel.band_counts.items()))
+    print(f"excluded by id before selection: {sel.excluded} (lists: {', '.join(excludes) or 'none'})")
+    print(f"pool: {len(sel.pool)} tasks -> {args.out} (manifest {args.out.with_suffix('.manifest.json')})")
+    return 0
