@@ -24,6 +24,20 @@ def add_parsers(sub) -> None:
     a.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates over tasks (0 = off)")
     a.add_argument("--allow-incomplete", action="store_true")
 
+    i = sub.add_parser("import-tb", help="import ThinkingBox `tb infer` JSONL results into a run directory")
+    i.add_argument("files", type=Path, nargs="+")
+    i.add_argument("--out", type=Path, required=True)
+    i.add_argument("--campaign", help="campaign name (default: the first file's stem)")
+    i.add_argument("--policy-id", default="thinkingbox")
+
+    r = sub.add_parser("report", help="Markdown + HTML report with plots")
+    r.add_argument("run", type=Path)
+    r.add_argument("--vs", type=Path)
+    r.add_argument("--out", type=Path, help="output folder (default: RUN/report)")
+    r.add_argument("--prices", type=Path)
+    r.add_argument("--bootstrap", type=int, default=1000)
+    r.add_argument("--allow-incomplete", action="store_true")
+
     s = sub.add_parser("select", help="Jeffreys difficulty bands -> training pool (YAML) + manifest + DuckDB table")
     s.add_argument("run", type=Path, help="probe run directory")
     s.add_argument("--out", type=Path, required=True, help="pool file to write (YAML)")
@@ -68,6 +82,23 @@ def run(args) -> int:
         return 0
     if args.cmd == "select":
         return _select(args)
+    if args.cmd == "report":
+        from tbhpc.report.build import build_report
+        counts = checked_counts(args.run, args.allow_incomplete)
+        other = checked_counts(args.vs, args.allow_incomplete) if args.vs else None
+        kind = RunDir(args.run).campaign().get("kind", "eval")
+        md, page = build_report(counts, args.out or args.run / "report", kind, other,
+                                load_prices(args.prices) if args.prices else None, args.bootstrap)
+        print(f"wrote {md} and {page}")
+        return 0
+    if args.cmd == "import-tb":
+        from tbhpc.campaign.validate import validate as check
+        from tbhpc.store.import_tb import import_files
+        run, rep = import_files(args.files, args.out, args.campaign, args.policy_id)
+        val = check(run)
+        print(f"{args.out}: imported {rep.rows} attempt rows for {len({r['task_id'] for r in run.plan()})} tasks; "
+              f"{len(val.system_errors)} system error(s)")
+        return 0
     raise UserError(f"unknown command {args.cmd}")
 
 

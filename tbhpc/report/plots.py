@@ -1,0 +1,83 @@
+"""PNG plots of a campaign (and optionally a second one to compare). Agg backend: no display."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from tbhpc.metrics.agg import Counts  # noqa: E402
+from tbhpc.metrics.stats import pass_at_k, pass_hat_k  # noqa: E402
+
+
+def _clean(c: Counts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    keep = c.n > 0
+    return c.n[keep], c.c[keep], c.domains[keep]
+
+
+def domain_bars(runs: list[tuple[str, Counts]], path: Path) -> Path:
+    domains = sorted({d for _, c in runs for d in _clean(c)[2].tolist()})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(runs)
+    x = np.arange(len(domains))
+    for j, (label, counts) in enumerate(runs):
+        n, c, dom = _clean(counts)
+        p1 = [c[dom == d].sum() / max(n[dom == d].sum(), 1) for d in domains]
+        kk = [((c == n) & (dom == d)).sum() / max((dom == d).sum(), 1) for d in domains]
+        axes[0].bar(x + j * width, p1, width, label=label)
+        axes[1].bar(x + j * width, kk, width, label=label)
+    for ax, title in zip(axes, ("pass@1 by domain", "share of tasks at k/k by domain")):
+        ax.set_xticks(x + width * (len(runs) - 1) / 2, domains, rotation=20)
+        ax.set_ylim(0, 1)
+        ax.set_title(title)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    return _save(fig, path)
+
+
+def k_curves(runs: list[tuple[str, Counts]], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for j, (label, counts) in enumerate(runs):
+        n, c, _ = _clean(counts)
+        ks = np.arange(1, int(n.min()) + 1)
+        colour = f"C{j}"
+        ax.plot(ks, [pass_at_k(n, c, k).mean() for k in ks], color=colour, marker="o", ms=3, label=f"pass@k {label}")
+        ax.plot(ks, [pass_hat_k(n, c, k).mean() for k in ks], color=colour, marker="s", ms=3, ls="--", label=f"pass^k {label}")
+    ax.set_xlabel("k")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("pass@k and pass^k (unbiased) against k")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def rate_histogram(runs: list[tuple[str, Counts]], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    bins = np.linspace(0, 1, 21)
+    for label, counts in runs:
+        n, c, _ = _clean(counts)
+        ax.hist(c / n, bins=bins, alpha=0.6, label=label)
+    ax.set_xlabel("per-task success rate c/n")
+    ax.set_ylabel("tasks")
+    ax.set_title("distribution of per-task success rates")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def band_bars(band_counts: dict[str, int], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6.5, 3.5))
+    names = list(band_counts)
+    ax.bar(names, [band_counts[b] for b in names], color=["#999", "#c44", "#d93", "#4a4", "#999"][: len(names)])
+    ax.set_title("probe: tasks per difficulty band (Jeffreys argmax)")
+    ax.set_ylabel("tasks")
+    return _save(fig, path)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
