@@ -29,7 +29,13 @@ def band_masses(k: np.ndarray, n: np.ndarray) -> np.ndarray:
     return np.diff(cdf, axis=1)
 
 
+def pick(masses: np.ndarray) -> np.ndarray:
+    """Band index per row: the largest mass; np.argmax returns the first maximum, so ties go to
+    the earlier band."""
+    return np.asarray(masses).argmax(axis=1)
+
+
 def assign(k: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(band index per task, masses). argmax returns the first maximum: ties go to the earlier band."""
+    """(band index per task, masses)."""
     masses = band_masses(k, n)
-    return masses.argmax(axis=1), masses
+    return pick(masses), masses

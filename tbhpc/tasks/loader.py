@@ -10,6 +10,7 @@ A pack is a directory of `*.yaml` files, each `{domain: NAME, tasks: [...]}`, pl
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -78,12 +79,26 @@ def load_exclusions(path: Path | str) -> set[str]:
 
 
 def load_task_file(path: Path) -> list[Task]:
+    """Tasks of one pack file. Parsed once per process per file version (path, mtime, size):
+    tasks are immutable records, and campaigns, workers and tests load the same pack often."""
+    st = Path(path).stat() if Path(path).exists() else None
+    if st is None:
+        return list(_parse_task_file(path))
+    return list(_cached_task_file(str(path), st.st_mtime_ns, st.st_size))
+
+
+@lru_cache(maxsize=64)
+def _cached_task_file(path: str, mtime_ns: int, size: int) -> tuple[Task, ...]:
+    return _parse_task_file(Path(path))
+
+
+def _parse_task_file(path: Path) -> tuple[Task, ...]:
     doc = read_yaml(path)
     file = str(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("tasks"), list):
         raise PackError(file, "expected a mapping with a 'tasks' list")
     default_domain = doc.get("domain")
-    return [parse_task(raw, file, i, default_domain) for i, raw in enumerate(doc["tasks"])]
+    return tuple(parse_task(raw, file, i, default_domain) for i, raw in enumerate(doc["tasks"]))
 
 
 def parse_task(raw: Any, file: str, index: int, default_domain: str | None = None) -> Task:
