@@ -116,7 +116,7 @@ def _select(args) -> int:
                        reference_min_successes=args.reference_min_successes,
                        reference_min_clean_runs=args.reference_min_clean_runs)
     sel = run_select(args.run, args.out, cfg)
-    print(f"bands: " + ", ".join(f"{b} {n}" for b, n in sel.band_counts.items()))
+    print("bands: " + ", ".join(f"{b} {n}" for b, n in sel.band_counts.items()))
     print(f"excluded by id before selection: {sel.excluded} (lists: {', '.join(excludes) or 'none'})")
     print(f"pool: {len(sel.pool)} tasks -> {args.out} (manifest {args.out.with_suffix('.manifest.json')})")
     return 0

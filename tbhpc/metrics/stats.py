@@ -10,8 +10,7 @@ Products are used instead of binomials so that n in the thousands cannot overflo
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import betaincinv
-from scipy.stats import norm
+from scipy.special import betaincinv, ndtri  # scipy.special only: scipy.stats costs ~0.8 s to import
 
 DEFAULT_KS = (1, 5, 10, 20, 50, 100)
 
@@ -56,7 +55,7 @@ def jeffreys_interval(c: int, n: int, level: float = 0.95) -> tuple[float, float
 def wilson_interval(c: int, n: int, level: float = 0.95) -> tuple[float, float]:
     if n == 0:
         return (0.0, 1.0)
-    z = float(norm.ppf(1 - (1 - level) / 2))
+    z = float(ndtri(1 - (1 - level) / 2))
     p = c / n
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom

@@ -19,7 +19,7 @@ import yaml
 from tbhpc.errors import UserError
 from tbhpc.metrics.agg import Counts, load_counts
 from tbhpc.selection.bands import BAND_NAMES, DEFAULT_KEEP, assign
-from tbhpc.store.merge import connect
+from tbhpc.store.merge import connect, insert_rows
 from tbhpc.store.run_dir import RunDir
 from tbhpc.tasks.loader import load_exclusions
 
@@ -110,9 +110,12 @@ def _store(run: RunDir, name: str, sel: Selection) -> None:
                 selection VARCHAR, task_id VARCHAR, domain VARCHAR, n INTEGER, c INTEGER, band VARCHAR,
                 kept BOOLEAN, reason VARCHAR, masses JSON, PRIMARY KEY (selection, task_id))""")
             con.execute("DELETE FROM selections WHERE selection = ?", [name])
-            con.executemany("INSERT INTO selections VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            [(name, r["id"], r["domain"], r["n"], r["c"], r["band"], r["kept"], r["reason"],
-                              json.dumps(r["masses"])) for r in sel.rows])
+            insert_rows(con, "selections",
+                        [{"selection": name, "task_id": r["id"], "domain": r["domain"], "n": r["n"], "c": r["c"],
+                          "band": r["band"], "kept": r["kept"], "reason": r["reason"], "masses": json.dumps(r["masses"])}
+                         for r in sel.rows],
+                        {"selection": "VARCHAR", "task_id": "VARCHAR", "domain": "VARCHAR", "n": "INTEGER", "c": "INTEGER",
+                         "band": "VARCHAR", "kept": "BOOLEAN", "reason": "VARCHAR", "masses": "JSON"})
         finally:
             con.close()
 

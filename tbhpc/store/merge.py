@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +26,14 @@ from tbhpc.store.shards import list_shards
 _READ = "read_json({files}, format='newline_delimited', columns={columns}, filename=true, maximum_object_size=67108864)"
 
 
+_READ_PLAN = ("read_json({path}, format='newline_delimited', columns={{'task_id': 'VARCHAR', 'domain': 'VARCHAR', "
+              "'split': 'VARCHAR', 'n_golden_calls': 'INTEGER', 'tags': 'VARCHAR[]', 'template': 'VARCHAR', 'repeats': 'INTEGER'}})")
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
 @dataclass
 class MergeReport:
     new_shards: int = 0
@@ -33,6 +43,22 @@ class MergeReport:
     def lines(self) -> list[str]:
         return [f"shard {name} is corrupt ({err}); moved to shards/quarantine/, its attempts will re-run"
                 for name, err in self.quarantined]
+
+
+def insert_rows(con, table: str, rows: list[dict], columns: dict[str, str], replace: bool = False) -> None:
+    """Bulk insert through a temporary JSONL file (DuckDB's executemany goes row by row)."""
+    if not rows:
+        return
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False, encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, default=str) + "\n")
+    try:
+        cols = "{" + ", ".join(f"'{c}': '{t}'" for c, t in columns.items()) + "}"
+        verb = "INSERT OR REPLACE" if replace else "INSERT"
+        con.execute(f"{verb} INTO {table} SELECT {', '.join(columns)} FROM "
+                    f"read_json({_quote(f.name)}, format='newline_delimited', columns={cols})")
+    finally:
+        os.unlink(f.name)
 
 
 def connect(run: RunDir, read_only: bool = False) -> duckdb.DuckDBPyConnection:
@@ -55,8 +81,7 @@ def merge(run: RunDir) -> MergeReport:
             good = _stage(con, new, run, report)
             if good:
                 report.rows = _upsert(con)
-                con.executemany("INSERT OR REPLACE INTO merged_shards VALUES (?, ?, now())",
-                                [(p.name, n) for p, n in good])
+                con.execute("INSERT OR REPLACE INTO merged_shards SELECT shard, count(*), now() FROM staging GROUP BY shard")
         finally:
             con.close()
     return report
@@ -96,7 +121,7 @@ def _stage(con, files: list[Path], run: RunDir, report: MergeReport) -> list[tup
 
 
 def _insert(con, files: list[Path]) -> None:
-    names = "[" + ", ".join("'" + str(p).replace("'", "''") + "'" for p in files) + "]"
+    names = "[" + ", ".join(_quote(str(p)) for p in files) + "]"
     cols = ", ".join(SHARD_COLUMNS)
     con.execute(f"INSERT INTO staging SELECT {cols}, regexp_extract(filename, '[^/]+$') AS shard "
                 f"FROM {_READ.format(files=names, columns=_columns())}")
@@ -134,9 +159,8 @@ def _load_metadata(con, run: RunDir) -> None:
     con.execute("INSERT OR REPLACE INTO campaigns VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [camp["campaign"], camp.get("kind"), camp.get("policy_id"), camp.get("config_hash"),
                  json.dumps(camp.get("config", {})), camp.get("created_at"), camp.get("source", "tbhpc")])
-    rows = run.plan()
-    con.executemany("INSERT OR REPLACE INTO tasks VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    [(camp["campaign"], r["task_id"], r.get("domain"), r.get("split"), r.get("n_golden_calls"),
-                      r.get("tags") or [], r.get("template")) for r in rows])
-    con.executemany("INSERT OR REPLACE INTO plan VALUES (?, ?, ?, ?)",
-                    [(camp["campaign"], r["task_id"], camp.get("policy_id"), r["repeats"]) for r in rows])
+    # bulk-load plan.jsonl in one statement (row-by-row executemany is slow in DuckDB)
+    plan = _READ_PLAN.format(path=_quote(str(run.plan_file)))
+    con.execute(f"INSERT OR REPLACE INTO tasks SELECT ?, task_id, domain, split, n_golden_calls, tags, template FROM {plan}",
+                [camp["campaign"]])
+    con.execute(f"INSERT OR REPLACE INTO plan SELECT ?, task_id, ?, repeats FROM {plan}", [camp["campaign"], camp.get("policy_id")])

@@ -1,0 +1,74 @@
+"""Importing reference-harness results (`tb infer` JSONL) so every metric works on them."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tbhpc.campaign.validate import validate
+from tbhpc.errors import UserError
+from tbhpc.metrics.agg import load_counts, summarise
+from tbhpc.store.import_tb import import_files
+from tbhpc.store.run_dir import RunDir
+
+
+def decode_result(uid, ok=True, system_error=False, test_error=False, scenario=True, cached=0):
+    row = {"uid": uid, "finish_reason": "done", "is_system_error": system_error,
+           "test_result": {"result": ok, "is_system_error": test_error},
+           "usage": [{"input_tokens": 1000, "input_tokens_details": {"cached_tokens": cached},
+                      "output_tokens": 200, "output_tokens_details": {"reasoning_tokens": 150}},
+                     {"input_tokens": 1500, "output_tokens": 100}],
+           "metadata": {"scenario": "sandbox_external_retail"} if scenario else {}}
+    if system_error:
+        row["metadata"]["error"] = "LLM 504 after retries"
+    return row
+
+
+@pytest.fixture
+def sample(tmp_path):
+    a = "sandbox_external_retail_group1.py:test_case_ST002_001"
+    b = "sandbox_consulting_group1.py:test_case_C9"
+    rows = [decode_result(a, True, cached=800), decode_result(a, False), decode_result(a, True),
+            decode_result(b, True, scenario=False), decode_result(b, True, scenario=False),
+            decode_result(b, None, system_error=True, scenario=False)]
+    f1, f2 = tmp_path / "run1.jsonl", tmp_path / "run2.jsonl"
+    f1.write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
+    f2.write_text("\n".join(json.dumps(r) for r in rows[4:]) + "\n\n")
+    return f1, f2, a, b
+
+
+def test_import_maps_fields(sample, tmp_path):
+    f1, f2, a, b = sample
+    run, rep = import_files([f1, f2], tmp_path / "imported")
+    assert rep.rows == 6 and not rep.quarantined
+    counts = load_counts(run)
+    by = dict(zip(counts.task_ids.tolist(), zip(counts.domains.tolist(), counts.n.tolist(), counts.c.tolist())))
+    assert by[a] == ("sandbox_external_retail", 3, 2)
+    assert by[b] == ("sandbox_consulting_group1", 2, 2)  # no scenario: the file part of the uid
+    assert counts.system_errors == 1
+    assert counts.usage["agent"] == {"input": 6 * 2500, "cached": 800, "output": 6 * 300}
+    val = validate(run)
+    assert val.expected == 6 and len(val.system_errors) == 1 and not val.missing
+
+
+def test_imported_runs_aggregate_and_refuse_when_incomplete(sample, tmp_path):
+    f1, f2, a, b = sample
+    import_files([f1, f2], tmp_path / "imp")
+    cli = [sys.executable, "-m", "tbhpc.cli", "agg", str(tmp_path / "imp"), "--format", "json"]
+    refused = subprocess.run(cli, capture_output=True, text=True)
+    assert refused.returncode == 2 and "incomplete (1 system-error key(s))" in refused.stderr
+    ok = subprocess.run(cli + ["--allow-incomplete"], capture_output=True, text=True)
+    s = json.loads(ok.stdout)["summary"]
+    assert s["pass@1"]["value"] == pytest.approx(4 / 5) and s["system_errors"] == 1
+    assert summarise(load_counts(RunDir(tmp_path / "imp")), bootstrap=0)["k/k"]["count"] == 1
+
+
+def test_bad_lines_stop_the_import_before_anything_is_written(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(json.dumps(decode_result("x.py:t")) + "\n{broken\n")
+    with pytest.raises(UserError, match=r"bad.jsonl: line 2: not valid JSON"):
+        import_files([f], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    f.write_text(json.dumps({"test_result": {"result": True}}) + "\n")
+    with pytest.raises(UserError, match="line 1: missing string field 'uid'"):
+        import_files([f], tmp_path / "out")
