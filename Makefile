@@ -21,6 +21,7 @@ demo: env
 
 bench: env
 	$(VPY) bench/episode_overhead.py
+	$(VPY) bench/results_scale.py
 
 # Regenerate the bundled task pack (deterministic: same seed, same bytes).
 tasks: env

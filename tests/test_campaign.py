@@ -152,3 +152,16 @@ def test_task_lists_and_pools_select_tasks(tmp_path, pack_tasks):
     (tmp_path / "bad.txt").write_text("no-such-task\n")
     with pytest.raises(UserError, match="bad.txt: task id 'no-such-task'"):
         run_campaign(cfg(tasks=str(tmp_path / "bad.txt")), tmp_path / "run2")
+
+
+def test_validate_against_an_external_task_list(tmp_path):
+    run_campaign(cfg(limit=3, repeats=2), tmp_path / "run")
+    planned = [r["task_id"] for r in RunDir(tmp_path / "run").plan()]
+    (tmp_path / "ids.txt").write_text("\n".join(planned[:2] + ["extra-task"]) + "\n")
+    val = validate(RunDir(tmp_path / "run"), planned[:2] + ["extra-task"], 3)
+    assert val.expected == 9 and val.found == 6
+    assert val.missing == sorted([(planned[0], 2), (planned[1], 2), ("extra-task", 0), ("extra-task", 1), ("extra-task", 2)])
+    assert val.unexpected == [(planned[2], 0), (planned[2], 1)] and not val.duplicates
+    proc = subprocess.run([sys.executable, "-m", "tbhpc.cli", "validate", str(tmp_path / "run"), "--tasks", str(tmp_path / "ids.txt"),
+                           "--repeats", "3"], capture_output=True, text=True)
+    assert proc.returncode == 1 and proc.stdout.startswith("6 attempt rows for 9 expected keys: 5 missing, 2 unexpected key(s)")

@@ -63,18 +63,23 @@ def wilson_interval(c: int, n: int, level: float = 0.95) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def bootstrap_means(values: np.ndarray, b: int = 1000, seed: int = 0, chunk: int = 100) -> np.ndarray:
+def bootstrap_means(values: np.ndarray, b: int = 1000, seed: int = 0, chunk: int = 50) -> np.ndarray:
     """`b` bootstrap replicates of the mean over tasks (rows of `values`, which may be 2-D:
-    tasks x metrics). Resampling is chunked so memory stays O(chunk x tasks)."""
+    tasks x metrics). Each replicate resamples tasks with replacement; it is applied as a count
+    vector (how often each task was drawn) times `values`, so memory stays O(chunk x tasks)
+    however many metrics are bootstrapped together."""
     values = np.asarray(values, dtype=np.float64)
     t = values.shape[0]
     rng = np.random.default_rng(seed)
+    flat = values.reshape(t, -1)
     out = []
     for start in range(0, b, chunk):
         m = min(chunk, b - start)
-        idx = rng.integers(0, t, size=(m, t), dtype=np.int32 if t < 2**31 else np.int64)
-        out.append(values[idx].mean(axis=1))
-    return np.concatenate(out, axis=0)
+        draws = rng.integers(0, t, size=(m, t)) + (np.arange(m) * t)[:, None]
+        weights = np.bincount(draws.ravel(), minlength=m * t).reshape(m, t).astype(np.float64)
+        out.append(weights @ flat / t)
+    res = np.concatenate(out, axis=0)
+    return res.reshape((b,) + values.shape[1:])
 
 
 def percentile_interval(replicates: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:

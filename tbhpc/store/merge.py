@@ -65,6 +65,7 @@ def connect(run: RunDir, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     if read_only:
         return duckdb.connect(str(run.db), read_only=True)
     con = duckdb.connect(str(run.db))
+    con.execute("SET enable_progress_bar = false")
     con.execute(DDL)
     return con
 
@@ -80,8 +81,10 @@ def merge(run: RunDir) -> MergeReport:
             report.new_shards = len(new)
             good = _stage(con, new, run, report)
             if good:
-                report.rows = _upsert(con)
+                con.execute("BEGIN TRANSACTION")  # all of a merge lands, or none of it
                 con.execute("INSERT OR REPLACE INTO merged_shards SELECT shard, count(*), now() FROM staging GROUP BY shard")
+                report.rows = _upsert(con)
+                con.execute("COMMIT")
         finally:
             con.close()
     return report
@@ -140,27 +143,36 @@ def _invalid_rows(con, shard: str | None = None) -> str | None:
 
 
 def _upsert(con) -> int:
+    """Replace-by-key from `staging` into `attempts` (one row per key afterwards)."""
     key = ", ".join(KEY)
-    con.execute(f"""
-        CREATE OR REPLACE TEMP TABLE fresh AS
-        SELECT * FROM staging
-        QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY (status = 'ok') DESC, finished_at DESC, shard DESC) = 1""")
+    dup = con.execute(f"SELECT count(*) FROM (SELECT 1 FROM staging GROUP BY {key} HAVING count(*) > 1)").fetchone()[0]
+    fresh = "staging"
+    if dup:  # the same key in several new shards: an ok result wins, then the newest
+        con.execute(f"""CREATE OR REPLACE TEMP TABLE fresh AS SELECT * FROM staging QUALIFY row_number() OVER (
+                        PARTITION BY {key} ORDER BY (status = 'ok') DESC, finished_at DESC, shard DESC) = 1""")
+        fresh = "fresh"
     on = " AND ".join(f"a.{k} = f.{k}" for k in KEY)
-    con.execute(f"""
-        DELETE FROM fresh f WHERE EXISTS (
-            SELECT 1 FROM attempts a WHERE {on} AND a.status = 'ok' AND f.status <> 'ok')""")
-    n = con.execute("SELECT count(*) FROM fresh").fetchone()[0]
-    con.execute("INSERT OR REPLACE INTO attempts SELECT * FROM fresh")
-    return n
+    # never replace an ok result by a later system error (in place: copying a million rows costs seconds)
+    con.execute(f"DELETE FROM {fresh} f WHERE f.status <> 'ok' AND EXISTS (SELECT 1 FROM attempts a WHERE {on} AND a.status = 'ok')")
+    con.execute(f"DELETE FROM attempts a WHERE EXISTS (SELECT 1 FROM {fresh} f WHERE {on})")
+    con.execute(f"INSERT INTO attempts SELECT * FROM {fresh}")
+    return con.execute(f"SELECT count(*) FROM {fresh}").fetchone()[0]
 
 
 def _load_metadata(con, run: RunDir) -> None:
+    """Campaign row, tasks and plan, once per run (a run's plan never changes: its identity is
+    checked when it is resumed). The campaign row is written last and marks the load complete."""
     camp = run.campaign()
-    con.execute("INSERT OR REPLACE INTO campaigns VALUES (?, ?, ?, ?, ?, ?, ?)",
+    if con.execute("SELECT count(*) FROM campaigns WHERE campaign = ?", [camp["campaign"]]).fetchone()[0]:
+        return
+    plan = _READ_PLAN.format(path=_quote(str(run.plan_file)))
+    con.execute("BEGIN TRANSACTION")
+    con.execute("DELETE FROM tasks WHERE campaign = ?", [camp["campaign"]])
+    con.execute("DELETE FROM plan WHERE campaign = ?", [camp["campaign"]])
+    con.execute(f"INSERT INTO tasks SELECT ?, task_id, domain, split, n_golden_calls, tags, template FROM {plan}",
+                [camp["campaign"]])
+    con.execute(f"INSERT INTO plan SELECT ?, task_id, ?, repeats FROM {plan}", [camp["campaign"], camp.get("policy_id")])
+    con.execute("INSERT INTO campaigns VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [camp["campaign"], camp.get("kind"), camp.get("policy_id"), camp.get("config_hash"),
                  json.dumps(camp.get("config", {})), camp.get("created_at"), camp.get("source", "tbhpc")])
-    # bulk-load plan.jsonl in one statement (row-by-row executemany is slow in DuckDB)
-    plan = _READ_PLAN.format(path=_quote(str(run.plan_file)))
-    con.execute(f"INSERT OR REPLACE INTO tasks SELECT ?, task_id, domain, split, n_golden_calls, tags, template FROM {plan}",
-                [camp["campaign"]])
-    con.execute(f"INSERT OR REPLACE INTO plan SELECT ?, task_id, ?, repeats FROM {plan}", [camp["campaign"], camp.get("policy_id")])
+    con.execute("COMMIT")
