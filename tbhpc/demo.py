@@ -1,86 +1,78 @@
-"""`make demo`: evaluate the bundled pack with the built-in policies and print a summary.
+"""`make demo`: the recipe end to end on the embedded default (bundled pack, built-in policies,
+local executor). Today: probe -> select -> evaluate -> aggregate -> report; the training step
+joins between select and evaluate when it lands.
 
-For now the main job on the embedded default is an evaluation (oracle and noop over every task,
-scripted user, keyword judge); later stages (probe, select, train) join it as they land.
+The "base policy" here is a noisy oracle (each golden step kept with probability `skill`), so the
+probe has a real spread of difficulty without a model; the oracle is evaluated as the upper bound.
+Every step resumes: running the demo again reuses finished attempts.
 """
 from __future__ import annotations
 
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
+from tbhpc.campaign import run_campaign
+from tbhpc.campaign.config import CampaignConfig
 from tbhpc.config import config_hash, load_config
-from tbhpc.domains import get_domain
 from tbhpc.errors import UserError
-from tbhpc.env.episode import EpisodeResult, run_episode
-from tbhpc.env.judge import KeywordJudge
-from tbhpc.env.users import ScriptedUser
-from tbhpc.policy import make_policy
-from tbhpc.tasks.loader import default_pack_dir, load_pack
+from tbhpc.metrics import render
+from tbhpc.metrics.agg import compare, load_counts, summarise
+from tbhpc.report.build import build_report
+from tbhpc.selection.pool import SelectConfig, run_select
+from tbhpc.store.run_dir import RunDir
+from tbhpc.tasks.loader import default_pack_dir
 
 
 @dataclass
 class DemoConfig:
+    out: str = "runs/demo"
     pack: str | None = None
-    split: str = "all"
-    policies: list[str] = field(default_factory=lambda: ["oracle", "noop"])
+    skill: float = 0.7          # the noisy base policy
+    probe_repeats: int = 8
+    eval_repeats: int = 4
+    workers: int = 2
+    limit: int | None = None    # first N tasks of each split (smoke runs)
 
     def __post_init__(self) -> None:
-        if self.split not in ("all", "train", "eval"):
-            raise UserError(f"demo config: field 'split' must be all, train or eval, got {self.split!r}")
-
-
-def evaluate(tasks, policy_name: str, progress: Progress | None = None) -> list[EpisodeResult]:
-    policy, user, judge = make_policy(policy_name), ScriptedUser(), KeywordJudge()
-    bar = progress.add_task(f"{policy_name:>6}", total=len(tasks)) if progress else None
-    results = []
-    for task in tasks:
-        results.append(run_episode(task, get_domain(task.domain), policy, user, judge))
-        if progress:
-            progress.advance(bar)
-    return results
-
-
-def summary_table(by_policy: dict[str, list[EpisodeResult]]) -> Table:
-    table = Table(title="Pass rate by domain (reward 1 = final DB state matches golden, checks pass)")
-    table.add_column("domain")
-    for name in by_policy:
-        table.add_column(name, justify="right")
-    domains = sorted({r.domain for rs in by_policy.values() for r in rs})
-    for dom in domains + ["ALL"]:
-        cells = []
-        for rs in by_policy.values():
-            sel = [r for r in rs if dom in ("ALL", r.domain)]
-            ok = [r for r in sel if r.status == "ok"]
-            passed = sum(1 for r in ok if r.passed)
-            errs = len(sel) - len(ok)
-            cells.append(f"{passed}/{len(ok)} ({passed / max(len(ok), 1):.0%})" + (f" +{errs} err" if errs else ""))
-        table.add_row(dom, *cells)
-    return table
+        if not 0.0 <= self.skill <= 1.0:
+            raise UserError(f"demo config: field 'skill' must be within [0, 1], got {self.skill}")
 
 
 def run(args) -> int:
     console = Console()
     cfg = load_config(DemoConfig, args.config, args.overrides)
-    pack = Path(cfg.pack) if cfg.pack else default_pack_dir()
-    tasks = [t for t in load_pack(pack) if cfg.split == "all" or t.split == cfg.split]
-    console.print(f"[bold]tbhpc demo[/]: {len(tasks)} tasks from {pack}, policies {', '.join(cfg.policies)} "
-                  f"(config {config_hash(cfg)})")
-    by_policy: dict[str, list[EpisodeResult]] = {}
+    out = Path(cfg.out)
     start = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console) as prog:
-        for name in cfg.policies:
-            by_policy[name] = evaluate(tasks, name, prog)
-    console.print(summary_table(by_policy))
-    n = sum(len(v) for v in by_policy.values())
-    finishes = defaultdict(int)
-    for rs in by_policy.values():
-        for r in rs:
-            finishes[r.finish_reason] += 1
-    console.print(f"{n} episodes in {time.perf_counter() - start:.1f} s; finish reasons: {dict(finishes)}")
+    console.rule(f"tbhpc demo (config {config_hash(cfg)}) -> {out}")
+    common = dict(pack=cfg.pack, workers=cfg.workers, chunk_size=32, limit=cfg.limit)
+    base = {"skill": cfg.skill}
+
+    console.print("[bold]1. probe[/] the base policy on the train split")
+    run_campaign(CampaignConfig(name="probe", kind="probe", split="train", repeats=cfg.probe_repeats, policy_opts=base, **common),
+                 out / "probe", console=console)
+
+    console.print("[bold]2. select[/] the policy-relative pool (Jeffreys bands, eval ids excluded)")
+    pack = Path(cfg.pack) if cfg.pack else default_pack_dir()
+    excl = [str(pack / "eval_ids.txt")] if (pack / "eval_ids.txt").exists() else []
+    sel = run_select(out / "probe", out / "pool.yaml", SelectConfig(exclude=excl))
+    console.print("   bands: " + ", ".join(f"{b} {n}" for b, n in sel.band_counts.items()) + f"; pool {len(sel.pool)} tasks")
+
+    console.print("[bold]3. evaluate[/] base and oracle (upper bound) on the held-out eval split")
+    for name, opts in (("eval-base", base), ("eval-oracle", {})):
+        run_campaign(CampaignConfig(name=name, split="eval", repeats=cfg.eval_repeats, policy_opts=opts, **common),
+                     out / name, console=console)
+
+    console.print("[bold]4. aggregate[/]")
+    base_counts, oracle_counts = load_counts(RunDir(out / "eval-base")), load_counts(RunDir(out / "eval-oracle"))
+    for table in render.to_tables(summarise(base_counts)):
+        console.print(table)
+    console.print(render.comparison_markdown(compare(base_counts, oracle_counts)))
+    md, page = build_report(base_counts, out / "report", "eval", oracle_counts)
+    probe_md, _ = build_report(load_counts(RunDir(out / "probe")), out / "probe-report", "probe")
+    console.print(f"reports: {md}, {page}, {probe_md}")
+    console.print(f"demo finished in {time.perf_counter() - start:.1f} s; next: tbhpc agg {out / 'eval-base'} "
+                  f"--vs {out / 'eval-oracle'} --format md")
     return 0

@@ -40,9 +40,14 @@ def test_unknown_policy_is_a_one_line_error():
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown policy" in proc.stderr
 
 
-def test_demo_summarises_both_policies(pack_tasks):
-    n = sum(t.split == "eval" for t in pack_tasks)
-    out = tbhpc("demo", "--config", "jobs/demo.yaml", "split=eval").stdout
-    assert "ALL" in out and f"{n}/{n} (100%)" in out and f"0/{n} (0%)" in out
-    bad = tbhpc("demo", "splitt=eval", check=False)
-    assert bad.returncode == 2 and "unknown field 'splitt'" in bad.stderr
+def test_demo_runs_the_pipeline_and_resumes(tmp_path):
+    args = ("demo", "--config", "jobs/demo.yaml", f"out={tmp_path / 'demo'}", "probe_repeats=3", "eval_repeats=2", "workers=1", "limit=60")
+    out = tbhpc(*args).stdout
+    assert "1. probe" in out and "pool" in out and "MICRO_AVG" in out and "paired bootstrap" in out
+    for f in ("pool.yaml", "pool.manifest.json", "report/report.html", "probe-report/bands.png", "eval-oracle/results.duckdb"):
+        assert (tmp_path / "demo" / f).exists(), f
+    shards = sorted(p.name for p in (tmp_path / "demo").rglob("shards/*.jsonl"))
+    again = tbhpc(*args).stdout  # every step resumes from its run directory: nothing new runs
+    assert "demo finished" in again and sorted(p.name for p in (tmp_path / "demo").rglob("shards/*.jsonl")) == shards
+    bad = tbhpc("demo", "skill=2", check=False)
+    assert bad.returncode == 2 and "skill" in bad.stderr

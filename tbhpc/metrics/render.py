@@ -97,6 +97,8 @@ def comparison_markdown(cmp: dict) -> str:
     lines = [f"## {cmp['other']} vs {cmp['base']} ({cmp['shared_tasks']} shared tasks, paired bootstrap 95%)", "",
              "| metric | base | other | delta | 95% interval |", "|---|---|---|---|---|"]
     for name, m in cmp["metrics"].items():
+        if name in ("pass^1", "pass^1_ref"):  # both equal pass@1
+            continue
         lines.append(f"| {name} | {pct(m['base'])} | {pct(m['other'])} | {100 * m['delta']:+.1f} pts | "
                      f"[{100 * m['lo']:+.1f}, {100 * m['hi']:+.1f}] |")
     return "\n".join(lines) + "\n"
