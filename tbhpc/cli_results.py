@@ -107,8 +107,9 @@ def _select(args) -> int:
     from tbhpc.config import from_dict
     run = RunDir(args.run).require()
     excludes = [str(p) for p in args.exclude]
-    if not excludes:
-        default = pack_path(from_dict(CampaignConfig, run.campaign()["config"])) / "eval_ids.txt"
+    camp = run.campaign()
+    if not excludes and camp.get("source") == "tbhpc":  # default: the probed pack's held-out ids
+        default = pack_path(from_dict(CampaignConfig, camp["config"])) / "eval_ids.txt"
         if default.exists():
             excludes = [str(default)]
     cfg = SelectConfig(keep=[b.strip() for b in args.keep.split(",") if b.strip()], min_clean_runs=args.min_clean_runs,

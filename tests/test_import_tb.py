@@ -72,3 +72,16 @@ def test_bad_lines_stop_the_import_before_anything_is_written(tmp_path):
     f.write_text(json.dumps({"test_result": {"result": True}}) + "\n")
     with pytest.raises(UserError, match="line 1: missing string field 'uid'"):
         import_files([f], tmp_path / "out")
+
+
+def test_select_works_on_imported_probes(sample, tmp_path):
+    from tbhpc.cli import main
+    f1, f2, a, b = sample
+    import_files([f1, f2], tmp_path / "imp")
+    excl = tmp_path / "bench_ids.txt"
+    excl.write_text(b + "\n")
+    assert main(["select", str(tmp_path / "imp"), "--out", str(tmp_path / "pool.yaml"), "--min-clean-runs", "2",
+                 "--exclude", str(excl)]) == 0
+    import yaml
+    pool = yaml.safe_load((tmp_path / "pool.yaml").read_text())
+    assert pool["tasks"] == [a]  # 2/3 clean successes -> easy; b is excluded by id
