@@ -60,7 +60,7 @@ def test_process_pool_gives_the_same_rows_as_one_process(tmp_path):
 
 def _cli(out: Path, *extra: str):
     return subprocess.Popen([sys.executable, "-m", "tbhpc.cli", "eval", "--out", str(out), "name=k", "limit=20", "repeats=2",
-                             "chunk_size=2", "policy_opts={delay_s: 0.01}", *extra],
+                             "chunk_size=2", "policy_opts={delay_s: 0.02}", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -73,9 +73,18 @@ def _wait_for_shards(run: Path, n: int, proc, timeout=60.0):
     raise AssertionError(f"never saw {n} shards (exit {proc.poll()})")
 
 
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines() if "resource_tracker" not in line]
+def _workers(pid: int) -> list[int]:
+    """Pool worker processes of `pid` (spawned via multiprocessing's spawn_main; not its resource tracker)."""
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    found = []
+    for child in (int(x) for x in out.split()):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline:
+            found.append(child)
+    return found
 
 
 @pytest.mark.slow
@@ -83,7 +92,7 @@ def test_killing_a_worker_mid_run_loses_and_duplicates_nothing(tmp_path):
     run = tmp_path / "run"
     proc = _cli(run, "workers=2")
     _wait_for_shards(run, 2, proc)
-    workers = _children(proc.pid)
+    workers = _workers(proc.pid)
     assert workers, "no worker processes found"
     os.kill(workers[0], signal.SIGKILL)
     out, err = proc.communicate(timeout=120)
@@ -91,7 +100,7 @@ def test_killing_a_worker_mid_run_loses_and_duplicates_nothing(tmp_path):
     partial = validate(RunDir(run))
     assert partial.missing and not partial.duplicates
     done = subprocess.run([sys.executable, "-m", "tbhpc.cli", "eval", "--out", str(run), "name=k", "limit=20", "repeats=2",
-                           "chunk_size=2", "policy_opts={delay_s: 0.01}"], capture_output=True, text=True, timeout=300)
+                           "chunk_size=2", "policy_opts={delay_s: 0.02}"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     final = validate(RunDir(run))
     assert final.ok and final.found == final.expected == 40
@@ -106,7 +115,7 @@ def test_killing_the_whole_campaign_then_rerunning_completes_exactly(tmp_path):
     _wait_for_shards(run, 3, proc)
     os.killpg(proc.pid, signal.SIGKILL)  # driver and everything it started, mid-chunk
     proc.wait()
-    res = run_campaign(cfg(name="k", limit=20, repeats=2, chunk_size=2, policy_opts={"delay_s": 0.01}), run)
+    res = run_campaign(cfg(name="k", limit=20, repeats=2, chunk_size=2, policy_opts={"delay_s": 0.02}), run)
     assert res.already_done >= 6 and res.already_done + res.executed == 40 and res.missing == 0
     assert validate(RunDir(run)).ok
 
