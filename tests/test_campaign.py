@@ -42,6 +42,8 @@ def test_run_resume_and_idempotence(tmp_path):
     assert merge(RunDir(tmp_path / "run")).new_shards == 0
     run = RunDir(tmp_path / "run")
     assert (run.path / "config.yaml").exists() and len(run.config_hash()) == 16 and validate(run).ok
+    log = (run.logs / "campaign.log").read_text().splitlines()
+    assert len(log) == 2 and "executed 24 (24 ok" in log[0] and "already done 24, executed 0" in log[1]
 
 
 def test_a_different_campaign_is_refused(tmp_path):

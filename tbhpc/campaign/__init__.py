@@ -56,6 +56,13 @@ def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict]]:
     return run, rows
 
 
+def _log(run: RunDir, line: str) -> None:
+    """One line per invocation in logs/campaign.log: what each (re)run did."""
+    run.logs.mkdir(parents=True, exist_ok=True)
+    with open(run.logs / "campaign.log", "a", encoding="utf-8") as f:
+        f.write(f"{datetime.now(timezone.utc).isoformat(timespec='seconds')} {line}\n")
+
+
 def pending_keys(run: RunDir, rows: list[dict]) -> tuple[list[tuple[str, int]], int]:
     camp = run.campaign()
     con = connect(run, read_only=True)
@@ -102,6 +109,10 @@ def run_campaign(cfg: CampaignConfig, out: Path, executor: Executor | None = Non
     remaining, _ = pending_keys(run, rows)
     result = CampaignResult(planned, planned - len(keys), counts["ok"] + counts["err"], counts["ok"], counts["err"],
                             len(remaining), final)
+    _log(run, f"{executor.name} x{cfg.workers}: planned {planned}, already done {result.already_done}, executed "
+              f"{result.executed} ({result.ok} ok, {result.system_errors} system errors), still to run {result.missing}, "
+              f"quarantined shards {len(report.quarantined) + len(final.quarantined)}"
+              + (f", stopped by: {failure}" if failure else ""))
     if failure is not None:
         raise failure
     return result
