@@ -90,29 +90,26 @@ def merge(run: RunDir) -> MergeReport:
     return report
 
 
-def _stage(con, files: list[Path], run: RunDir, report: MergeReport) -> list[tuple[Path, int]]:
-    """Load the new shards into a temp `staging` table; returns (file, rows) for the good ones."""
+def _stage(con, files: list[Path], run: RunDir, report: MergeReport) -> int:
+    """Load the new shards into a temp `staging` table; returns how many shards were good."""
     con.execute(f"CREATE OR REPLACE TEMP TABLE staging ({', '.join(f'{c} {t}' for c, t in ATTEMPT_COLUMNS.items())})")
     if not files:
-        return []
-    try:
+        return 0
+    try:  # fast path: one scan over every new shard
         _insert(con, files)
-        bad_rows = _invalid_rows(con)
-        if not bad_rows:
-            counts = dict(con.execute("SELECT shard, count(*) FROM staging GROUP BY shard").fetchall())
-            return [(p, counts.get(p.name, 0)) for p in files]
+        if not _invalid_rows(con):
+            return len(files)
     except duckdb.Error:
         pass
     con.execute("DELETE FROM staging")
-    good = []
+    good = 0
     for p in files:  # slow path: find the bad shards one by one
         try:
-            n_before = con.execute("SELECT count(*) FROM staging").fetchone()[0]
             _insert(con, [p])
             problem = _invalid_rows(con, p.name)
             if problem:
                 raise ValueError(problem)
-            good.append((p, con.execute("SELECT count(*) FROM staging").fetchone()[0] - n_before))
+            good += 1
         except (duckdb.Error, ValueError) as exc:
             con.execute("DELETE FROM staging WHERE shard = ?", [p.name])
             msg = " ".join(str(exc).split())[:200]
@@ -137,7 +134,7 @@ def _columns() -> str:
 def _invalid_rows(con, shard: str | None = None) -> str | None:
     where = "WHERE " + " OR ".join(f"{k} IS NULL" for k in KEY) + " OR status NOT IN ('ok', 'system_error')"
     if shard is not None:
-        where = f"WHERE shard = '{shard}' AND ({where[6:]})"
+        where = f"WHERE shard = {_quote(shard)} AND ({where[6:]})"
     n = con.execute(f"SELECT count(*) FROM staging {where}").fetchone()[0]
     return f"{n} row(s) without a full attempt key or with an unknown status" if n else None
 
