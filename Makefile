@@ -4,7 +4,10 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: env test demo bench clean tasks
+.PHONY: env test demo bench clean tasks slurm-up slurm-down
+
+NODES   ?= 3
+SLURM_STATE ?= /tmp/tbhpc-slurm
 
 env: $(STAMP)
 
@@ -26,6 +29,13 @@ bench: env
 # Regenerate the bundled task pack (deterministic: same seed, same bytes).
 tasks: env
 	$(VENV)/bin/tbhpc tasks generate --out tbhpc/data/packs/default
+
+# A real local Slurm cluster (Debian packages, no systemd): make slurm-up NODES=3; . $(SLURM_STATE)/env.sh
+slurm-up:
+	NODES=$(NODES) STATE=$(SLURM_STATE) bash slurm/local/up.sh
+
+slurm-down:
+	STATE=$(SLURM_STATE) bash slurm/local/down.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
