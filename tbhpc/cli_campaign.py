@@ -40,7 +40,7 @@ def run(args) -> int:
     if args.cmd in ("probe", "eval"):
         overrides = list(args.overrides) + ([f"workers={args.workers}"] if args.workers else [])
         cfg = load_config(CampaignConfig, args.config, overrides, base=KIND_DEFAULTS[args.cmd])
-        res = run_campaign(cfg, args.out, make_executor(args.executor, cfg.workers), console)
+        res = run_campaign(cfg, args.out, make_executor(args.executor, cfg.workers, cfg.slurm), console)
         print(f"{args.out}: {res.planned} planned, {res.already_done} already done, {res.executed} executed "
               f"({res.ok} ok, {res.system_errors} system errors), {res.missing} still to run")
         return 0 if res.missing == 0 else 1

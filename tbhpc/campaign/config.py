@@ -18,7 +18,7 @@ from tbhpc.errors import UserError
 from tbhpc.tasks.loader import default_pack_dir, load_pack, pack_files
 from tbhpc.tasks.schema import Task
 
-EXECUTION_FIELDS = ("workers", "chunk_size")
+EXECUTION_FIELDS = ("workers", "chunk_size", "slurm")
 KINDS = ("probe", "eval")
 
 
@@ -44,6 +44,7 @@ class CampaignConfig:
     seed: int = 0
     workers: int = 1                   # execution only
     chunk_size: int = 8                # attempts per shard (execution only)
+    slurm: dict[str, Any] = field(default_factory=dict)  # SlurmOptions fields (execution only)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

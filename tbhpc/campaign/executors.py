@@ -68,8 +68,13 @@ def _run_chunk(keys: list[Key]) -> tuple[int, int]:
     return _WORKER.run_chunk(keys)
 
 
-def make_executor(name: str, workers: int) -> Executor:
+def make_executor(name: str, workers: int, slurm: dict | None = None) -> Executor:
     if name == "local":
         return LocalExecutor(workers)
+    if name == "slurm":
+        from tbhpc.config import from_dict
+        from tbhpc.launch.options import SlurmOptions
+        from tbhpc.launch.slurm import SlurmExecutor
+        return SlurmExecutor(from_dict(SlurmOptions, slurm or {}, {k: "config field 'slurm'" for k in slurm or {}}))
     from tbhpc.errors import UserError
-    raise UserError(f"--executor: unknown executor {name!r} (available here: local)")
+    raise UserError(f"--executor: unknown executor {name!r} (choose local or slurm)")

@@ -1,0 +1,73 @@
+"""Pure sbatch renderers: (options, paths, sizes) -> script text. Golden-tested; `--dry-run`
+prints exactly what would be submitted.
+
+Every script is readable on its own: the #SBATCH header says what it asks for, the body is one
+command. Array tasks exec Python so that USR2/SIGTERM reach the worker directly.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from tbhpc.launch.options import SlurmOptions
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Where a submitted stage lives (all absolute paths inside the run directory)."""
+
+    run: str            # run directory
+    stage: int          # stage number within the run (resubmissions get new numbers)
+    name: str           # campaign name, used in job names
+    workdir: str        # where jobs start (the repository or the user's cwd)
+
+    @property
+    def dir(self) -> str:
+        return f"{self.run}/slurm/stage-{self.stage:03d}"
+
+    @property
+    def logs(self) -> str:
+        return f"{self.run}/logs/slurm"
+
+
+def _common(opts: SlurmOptions, job_name: str, out: str, time: str | None = None) -> list[str]:
+    lines = [f"--job-name={job_name}", f"--output={out}", "--open-mode=append", f"--chdir=WORKDIR",
+             f"--time={time or opts.time}", f"--cpus-per-task={opts.cpus_per_task}"]
+    for flag, value in (("partition", opts.partition), ("account", opts.account), ("qos", opts.qos),
+                        ("mem", opts.mem), ("gres", opts.gres), ("nice", opts.nice)):
+        if value is not None:
+            lines.append(f"--{flag}={value}")
+    return lines + list(opts.extra_sbatch)
+
+
+def _script(header: list[str], body: list[str], workdir: str) -> str:
+    head = "\n".join(f"#SBATCH {h}".replace("WORKDIR", workdir) for h in header)
+    return "#!/bin/bash\n" + head + "\nset -euo pipefail\nexport OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1\n" + "\n".join(body) + "\n"
+
+
+def render_array(stage: Stage, opts: SlurmOptions, n_tasks: int, indices: str | None = None) -> str:
+    """One array task per chunk line of `chunks.jsonl`; `indices` resubmits a subset (e.g. "3,7")."""
+    spec = indices if indices is not None else f"0-{n_tasks - 1}"
+    header = [f"--array={spec}%{opts.array_parallelism}", "--requeue", f"--signal=B:USR2@{opts.signal_seconds}",
+              "--ntasks=1"] + _common(opts, f"tbhpc-{stage.name}", f"{stage.logs}/%x-%A_%a.out")
+    body = [f"export TBHPC_FLUSH_EVERY={opts.flush_every}",
+            f"exec {shlex.quote(opts.python)} -m tbhpc.launch.array_task {shlex.quote(stage.run)} {stage.stage}"]
+    return _script(header, body, stage.workdir)
+
+
+def render_step(stage: Stage, opts: SlurmOptions, step: str, command: list[str], dependency: str | None) -> str:
+    """A small CPU step after the array (merge, agg, select): afterany, so it runs even when some
+    array tasks failed, and reports what is missing."""
+    header = _common(opts, f"tbhpc-{stage.name}-{step}", f"{stage.logs}/%x-%j.out", time="00:30:00") + ["--ntasks=1"]
+    if dependency:
+        header.insert(0, f"--dependency=afterany:{dependency}")
+    body = [" ".join(shlex.quote(c) for c in [opts.python, "-m", "tbhpc.cli", *command])]
+    return _script(header, body, stage.workdir)
+
+
+def render_mpi(stage: Stage, opts: SlurmOptions) -> str:
+    """MPI mode: one allocation of `ntasks` ranks over `nodes` nodes; rank 0 hands out chunks."""
+    header = [f"--nodes={opts.nodes}", f"--ntasks={opts.ntasks}", "--requeue", f"--signal=B:USR2@{opts.signal_seconds}"] + \
+        _common(opts, f"tbhpc-{stage.name}-mpi", f"{stage.logs}/%x-%j.out")
+    body = [f"srun --mpi={opts.mpi} {shlex.quote(opts.python)} -m tbhpc.launch.mpi_worker {shlex.quote(stage.run)} {stage.stage}"]
+    return _script(header, body, stage.workdir)

@@ -1,0 +1,110 @@
+"""The Slurm executor: one array per campaign stage, waited on with one batched `squeue` call per
+poll, failed array tasks resubmitted, progress read from the stage's own shards.
+
+It implements the same interface as the local executor (`run(run_path, chunks, on_chunk)`), so
+`tbhpc probe|eval --executor slurm` resumes, merges and validates exactly like a local run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tbhpc.errors import InfraError
+from tbhpc.launch.options import SlurmOptions
+from tbhpc.launch.sbatch import Stage, render_array
+from tbhpc.launch.stages import Key, keys_written, next_stage, record_jobs, shard_prefix, stage_dir, write_chunks
+from tbhpc.store.run_dir import RunDir
+from tbhpc.store.shards import list_shards
+
+
+@dataclass
+class SlurmClient:
+    """Thin wrapper over the Slurm commands that counts every call (the bench reports them)."""
+
+    calls: Counter = field(default_factory=Counter)
+
+    def _run(self, cmd: list[str]) -> subprocess.CompletedProcess:
+        self.calls[cmd[0]] += 1
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except FileNotFoundError:
+            raise InfraError(f"{cmd[0]} not found: is this a Slurm login node (or run `make slurm-up`)?") from None
+
+    def sbatch(self, script: Path) -> str:
+        res = self._run(["sbatch", "--parsable", str(script)])
+        if res.returncode != 0:
+            raise InfraError(f"sbatch {script} failed: {res.stderr.strip()[:300]}")
+        return res.stdout.strip().split(";")[0]
+
+    def queued(self, job_ids: list[str]) -> dict[str, str]:
+        """{job_or_array_task_id: state} for jobs still in the queue; one squeue call for all."""
+        if not job_ids:
+            return {}
+        res = self._run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i %T"])
+        if res.returncode != 0:  # every id unknown: all of them left the queue
+            return {}
+        return dict(line.split(None, 1) for line in res.stdout.splitlines() if line.strip())
+
+    def accounted(self, job_ids: list[str]) -> dict[str, str]:
+        """{job_id: state} from accounting (one sacct call); empty when accounting is off."""
+        if not job_ids:
+            return {}
+        res = self._run(["sacct", "-n", "-P", "-X", "-j", ",".join(job_ids), "-o", "JobID,State"])
+        if res.returncode != 0:
+            return {}
+        return dict(line.split("|", 1) for line in res.stdout.splitlines() if "|" in line)
+
+
+class SlurmExecutor:
+    name = "slurm"
+
+    def __init__(self, opts: SlurmOptions, client: SlurmClient | None = None, workdir: str | None = None, log=print):
+        self.opts, self.client, self.log = opts, client or SlurmClient(), log
+        self.workdir = workdir or os.getcwd()
+
+    def run(self, run_path: Path, chunks: list[list[Key]], on_chunk) -> None:
+        keys = [k for c in chunks for k in c]
+        if not keys:
+            return
+        run = RunDir(Path(run_path).resolve())
+        size = self.opts.task_size(len(keys))
+        tasks = [keys[i:i + size] for i in range(0, len(keys), size)]
+        stage = next_stage(run)
+        write_chunks(run, stage, tasks)
+        st = Stage(str(run.path), stage, run.campaign()["campaign"], self.workdir)
+        (run.logs / "slurm").mkdir(parents=True, exist_ok=True)
+        progress = _Progress(run, stage, on_chunk)
+        todo = list(range(len(tasks)))
+        for attempt in range(self.opts.task_retries + 1):
+            script = stage_dir(run, stage) / (f"array-retry{attempt}.sbatch" if attempt else "array.sbatch")
+            script.write_text(render_array(st, self.opts, len(tasks), None if attempt == 0 else ",".join(map(str, todo))))
+            job = self.client.sbatch(script)
+            record_jobs(run, stage, {f"array{'' if attempt == 0 else f'-retry{attempt}'}": job, "tasks": len(tasks)})
+            self.log(f"submitted stage {stage}: array job {job}, {len(todo)} task(s) of <= {size} attempts")
+            while self.client.queued([job]):
+                progress.poll()
+                time.sleep(self.opts.poll_seconds)
+            progress.poll()
+            todo = [i for i in todo if not set(tasks[i]) <= keys_written(run, shard_prefix(stage, i))]
+            if not todo:
+                return
+            self.log(f"stage {stage}: {len(todo)} array task(s) ended without finishing their chunk: {todo[:10]}")
+
+
+class _Progress:
+    """Reports finished attempts by reading the stage's new shards (no extra Slurm calls)."""
+
+    def __init__(self, run: RunDir, stage: int, on_chunk):
+        self.run, self.prefix, self.on_chunk, self.seen = run, f"shard-s{stage:03d}-", on_chunk, set()
+
+    def poll(self) -> None:
+        for path in list_shards(self.run.shards):
+            if path.name.startswith(self.prefix) and path.name not in self.seen:
+                self.seen.add(path.name)
+                statuses = Counter(json.loads(line).get("status") for line in path.read_text().splitlines() if line.strip())
+                self.on_chunk(statuses.get("ok", 0), statuses.get("system_error", 0))
