@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml env/setup.sh
 	PY=$(PY) VENV=$(VENV) bash env/setup.sh
 	touch $(STAMP)
 
+# The suite runs against a real 3-node Slurm cluster that this target starts and stops by PID.
 test: env
-	$(VPY) -m pytest -q
+	NODES=$(NODES) STATE=$(SLURM_STATE) bash slurm/local/with-cluster.sh $(VPY) -m pytest -q
 
 demo: env
 	$(VENV)/bin/tbhpc demo --config jobs/demo.yaml

@@ -68,7 +68,13 @@ def add_agent_flags(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may follow options (argparse hands them back as unknown)
+    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = list(args.overrides) + extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.cmd == "tasks":
             from tbhpc import cli_tasks
@@ -76,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "episode":
             from tbhpc import cli_episode
             return cli_episode.run(args, _opts(args.opt))
-        if args.cmd in ("probe", "eval", "merge", "validate"):
+        if args.cmd in ("probe", "eval", "merge", "validate", "submit", "status"):
             from tbhpc import cli_campaign
             return cli_campaign.run(args)
         if args.cmd in ("agg", "select", "report", "import-tb"):

@@ -27,6 +27,14 @@ def add_parsers(sub) -> None:
         p.add_argument("--executor", default="local")
         p.add_argument("--workers", type=int, help="local worker processes (overrides workers=)")
         p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    sb = sub.add_parser("submit", help="submit a campaign to Slurm: array -> merge -> agg/select (fire and forget)")
+    sb.add_argument("kind", choices=("probe", "eval"))
+    sb.add_argument("--out", type=Path, required=True)
+    sb.add_argument("--config", type=Path)
+    sb.add_argument("--dry-run", action="store_true", help="print the sbatch scripts, submit nothing")
+    sb.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    stt = sub.add_parser("status", help="per-stage progress of a submitted campaign (one batched squeue call)")
+    stt.add_argument("run", type=Path)
     m = sub.add_parser("merge", help="merge a run's shards into results.duckdb")
     m.add_argument("run", type=Path)
     v = sub.add_parser("validate", help="check a run holds exactly tasks x repeats keys and no system errors")
@@ -44,7 +52,16 @@ def run(args) -> int:
         print(f"{args.out}: {res.planned} planned, {res.already_done} already done, {res.executed} executed "
               f"({res.ok} ok, {res.system_errors} system errors), {res.missing} still to run")
         return 0 if res.missing == 0 else 1
+    if args.cmd == "submit":
+        from tbhpc.launch.submit import submit_campaign
+        cfg = load_config(CampaignConfig, args.config, args.overrides, base=KIND_DEFAULTS[args.kind])
+        print(submit_campaign(cfg, args.out, args.dry_run), end="" if args.dry_run else "\n")
+        return 0
     run_dir = RunDir(args.run).require()
+    if args.cmd == "status":
+        from tbhpc.launch.status import render_status, run_status
+        print(render_status(run_status(run_dir)), end="")
+        return 0
     if args.cmd == "merge":
         rep = merge(run_dir)
         for line in rep.lines():

@@ -36,5 +36,5 @@ class SlurmOptions:
     def task_size(self, n_keys: int) -> int:
         """Attempts per array task: explicit, else about target_task_minutes of work, and never
         more array tasks than max_array_tasks."""
-        size = self.attempts_per_task or max(1, int(self.target_task_minutes * 60 / max(self.attempt_seconds, 1e-3)))
+        size = self.attempts_per_task or max(1, round(self.target_task_minutes * 60 / max(self.attempt_seconds, 1e-3)))
         return max(size, math.ceil(n_keys / self.max_array_tasks))

@@ -1,0 +1,51 @@
+"""The sbatch text `--dry-run` prints, golden-tested (set TBHPC_UPDATE_GOLDEN=1 to rewrite after a
+deliberate change, then review the diff)."""
+import os
+from pathlib import Path
+
+import pytest
+
+from tbhpc.launch.options import SlurmOptions
+from tbhpc.launch.sbatch import Stage, render_mpi, render_step
+from tbhpc.launch.submit import dry_run_text, render_pipeline
+
+GOLDEN = Path(__file__).parent / "golden"
+STAGE = Stage(run="/scratch/runs/eval-q38", stage=2, name="eval-q38", workdir="/home/ada/tbhpc")
+OPTS = SlurmOptions(partition="batch", account="acct_a", qos="normal", nice=100, time="01:30:00", mem="8G",
+                    array_parallelism=16, python="/opt/tbhpc/.venv/bin/python")
+
+
+def check(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("TBHPC_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} changed; review and rerun with TBHPC_UPDATE_GOLDEN=1"
+
+
+@pytest.mark.parametrize("kind", ["eval", "probe"])
+def test_chained_pipeline(kind):
+    stage = Stage(STAGE.run.replace("eval", kind), 1, STAGE.name.replace("eval", kind), STAGE.workdir)
+    check(f"pipeline_{kind}.txt", dry_run_text(render_pipeline(stage, OPTS, 12, kind)))
+
+
+def test_merge_step_alone():
+    check("merge.sbatch", render_step(STAGE, OPTS, "merge", ["merge", STAGE.run], "4242"))
+
+
+def test_gpu_array_and_mpi():
+    gpu = SlurmOptions(partition="gpu", gres="gpu:1", cpus_per_task=8, mem=None, time="04:00:00", python="/opt/py",
+                       extra_sbatch=["--constraint=h200"], nodes=3, ntasks=12)
+    check("pipeline_eval_gpu.txt", dry_run_text(render_pipeline(STAGE, gpu, 3, "eval")))
+    check("mpi.sbatch", render_mpi(STAGE, gpu))
+
+
+def test_resubmission_names_only_the_failed_tasks():
+    from tbhpc.launch.sbatch import render_array
+    text = render_array(STAGE, OPTS, 12, "3,7")
+    assert "#SBATCH --array=3,7%16" in text and "--requeue" in text and "--signal=B:USR2@120" in text
+
+
+def test_task_sizing():
+    assert SlurmOptions(attempt_seconds=60, target_task_minutes=10).task_size(10_140) == 10
+    assert SlurmOptions(attempt_seconds=0.01, target_task_minutes=10).task_size(10_140) == 60_000
+    assert SlurmOptions(attempts_per_task=1, max_array_tasks=1000).task_size(10_140) == 11  # never > 1000 tasks

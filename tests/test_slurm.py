@@ -1,0 +1,124 @@
+"""Campaigns on a real Slurm cluster (slurm/local: Debian's slurmctld + 3 slurmd + slurmdbd).
+
+`make test` starts the cluster (slurm/local/with-cluster.sh) and sets TBHPC_REQUIRE_SLURM=1, so
+these tests fail, never skip, in CI; a plain `pytest` without a cluster skips them.
+"""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from tbhpc.campaign import run_campaign
+from tbhpc.campaign.config import CampaignConfig
+from tbhpc.campaign.validate import validate
+from tbhpc.launch.options import SlurmOptions
+from tbhpc.launch.slurm import SlurmClient, SlurmExecutor
+from tbhpc.store.run_dir import RunDir
+from tbhpc.store.shards import list_shards
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster():
+    if not os.environ.get("SLURM_CONF") or not shutil.which("sbatch"):
+        if os.environ.get("TBHPC_REQUIRE_SLURM"):
+            pytest.fail("TBHPC_REQUIRE_SLURM is set but no cluster is configured (SLURM_CONF)")
+        pytest.skip("no Slurm cluster (run `make slurm-up` and source its env.sh)")
+    out = subprocess.run(["sinfo", "-h", "-p", "batch", "-o", "%D %t"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def rows(run: Path):
+    con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
+    try:
+        return con.execute("SELECT task_id, attempt_index, reward, status FROM attempts ORDER BY 1, 2").fetchall()
+    finally:
+        con.close()
+
+
+def slurm_executor(**opts):
+    base = dict(poll_seconds=0.5, array_parallelism=6, attempts_per_task=60)
+    return SlurmExecutor(SlurmOptions(**{**base, **opts}), SlurmClient(), log=lambda *_: None)
+
+
+def test_slurm_array_gives_the_same_rows_as_local(tmp_path):
+    cfg = CampaignConfig(name="eq", split="eval", repeats=4, policy_opts={"skill": 0.8})
+    local = run_campaign(cfg, tmp_path / "local")
+    ex = slurm_executor()
+    res = run_campaign(cfg, tmp_path / "slurm", executor=ex)
+    assert res.missing == 0 and local.missing == 0 and res.planned == 134 * 4
+    assert rows(tmp_path / "slurm") == rows(tmp_path / "local")
+    assert ex.client.calls["sbatch"] == 1 and ex.client.calls["sacct"] == 0
+    con = duckdb.connect(str(tmp_path / "slurm" / "results.duckdb"), read_only=True)
+    nodes = {r[0] for r in con.execute("SELECT DISTINCT slurm_array_task_id FROM attempts").fetchall()}
+    jobs = {r[0] for r in con.execute("SELECT DISTINCT slurm_array_job_id FROM attempts").fetchall()}
+    con.close()
+    assert len(nodes) == 9 and len(jobs) == 1  # 536 attempts in arrays tasks of 60
+
+
+def _array_pids(run: Path) -> dict[str, int]:
+    """{array task id: pid} of running array-task workers of this run (same host as the nodes)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"tbhpc.launch.array_task" not in cmd or str(run).encode() not in cmd:
+                continue
+            env = dict(kv.split(b"=", 1) for kv in (proc / "environ").read_bytes().split(b"\0") if b"=" in kv)
+            found[env[b"SLURM_ARRAY_TASK_ID"].decode()] = int(proc.name)
+        except (OSError, KeyError, ValueError):
+            continue
+    return found
+
+
+def _eval_cli(run: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tbhpc.cli", "eval", "--out", str(run), "--executor", "slurm", "name=chaos", "limit=24",
+         "repeats=2", "policy_opts={delay_s: 0.05}",
+         "slurm={attempts_per_task: 8, flush_every: 2, poll_seconds: 0.5, array_parallelism: 6}", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait(predicate, timeout=90.0, every=0.2):
+    end = time.time() + timeout
+    while time.time() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError("timed out waiting")
+
+
+def test_kill_9_and_requeue_mid_chunk_complete_exactly_once(tmp_path):
+    run = tmp_path / "run"
+    proc = _eval_cli(run)
+    # two array tasks running, each with at least one flushed shard: then they are mid-chunk
+    def two_mid_chunk():
+        pids = _array_pids(run)
+        started = {n.split("-t")[1][:5] for n in (p.name for p in list_shards(run / "shards"))}
+        busy = [t for t in pids if f"{int(t):05d}" in started]
+        return (pids, busy) if len(busy) >= 2 else None
+    pids, busy = _wait(two_mid_chunk)
+    os.kill(pids[busy[0]], signal.SIGKILL)
+    job = (run / "slurm" / "stage-001" / "jobs.json").read_text().split('"array": "')[1].split('"')[0]
+    subprocess.run(["scontrol", "requeue", f"{job}_{busy[1]}"], check=True)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    val = validate(RunDir(run))
+    assert val.ok and val.found == val.expected == 48
+    keys = [(r[0], r[1]) for r in rows(run)]
+    assert len(keys) == len(set(keys)) == 48
+    requeued = (run / "logs" / "slurm" / f"tbhpc-chaos-{job}_{busy[1]}.out").read_text()
+    assert "SIGTERM received" in requeued and re.search(r"[1-9]\d* already written", requeued)  # saved work skipped
+    retried = "".join(p.read_text() for p in (run / "logs" / "slurm").glob(f"tbhpc-chaos-*_{busy[0]}.out"))
+    assert len(re.findall(r"task \d+: \d+ keys", retried)) == 2 and re.search(r"[1-9]\d* already written", retried)
