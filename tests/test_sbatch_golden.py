@@ -46,6 +46,6 @@ def test_resubmission_names_only_the_failed_tasks():
 
 
 def test_task_sizing():
-    assert SlurmOptions(attempt_seconds=60, target_task_minutes=10).task_size(10_140) == 10
+    assert SlurmOptions(attempt_seconds=60, target_task_minutes=10).task_size(5_000) == 10  # 10 min of 1-min episodes
     assert SlurmOptions(attempt_seconds=0.01, target_task_minutes=10).task_size(10_140) == 60_000
     assert SlurmOptions(attempts_per_task=1, max_array_tasks=1000).task_size(10_140) == 11  # never > 1000 tasks

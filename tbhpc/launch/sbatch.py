@@ -31,7 +31,7 @@ class Stage:
 
 
 def _common(opts: SlurmOptions, job_name: str, out: str, time: str | None = None) -> list[str]:
-    lines = [f"--job-name={job_name}", f"--output={out}", "--open-mode=append", f"--chdir=WORKDIR",
+    lines = [f"--job-name={job_name}", f"--output={out}", "--open-mode=append", "--chdir=WORKDIR",
              f"--time={time or opts.time}", f"--cpus-per-task={opts.cpus_per_task}"]
     for flag, value in (("partition", opts.partition), ("account", opts.account), ("qos", opts.qos),
                         ("mem", opts.mem), ("gres", opts.gres), ("nice", opts.nice)):
