@@ -122,3 +122,70 @@ def test_kill_9_and_requeue_mid_chunk_complete_exactly_once(tmp_path):
     assert "SIGTERM received" in requeued and re.search(r"[1-9]\d* already written", requeued)  # saved work skipped
     retried = "".join(p.read_text() for p in (run / "logs" / "slurm").glob(f"tbhpc-chaos-*_{busy[0]}.out"))
     assert len(re.findall(r"task \d+: \d+ keys", retried)) == 2 and re.search(r"[1-9]\d* already written", retried)
+
+
+def test_mpi_mode_gives_the_same_rows_as_local(tmp_path):
+    from tbhpc.launch.slurm import MPIExecutor
+    cfg = CampaignConfig(name="mpi", split="eval", repeats=4, policy_opts={"skill": 0.8})
+    run_campaign(cfg, tmp_path / "local")
+    ex = MPIExecutor(SlurmOptions(poll_seconds=0.5, attempts_per_task=20, nodes=3, ntasks=6), SlurmClient(), log=lambda *_: None)
+    res = run_campaign(cfg, tmp_path / "mpi", executor=ex)
+    assert res.missing == 0 and rows(tmp_path / "mpi") == rows(tmp_path / "local")
+    con = duckdb.connect(str(tmp_path / "mpi" / "results.duckdb"), read_only=True)
+    hosts = con.execute("SELECT count(DISTINCT worker_pid), count(DISTINCT slurm_job_id) FROM attempts").fetchone()
+    con.close()
+    assert hosts[0] == 5 and hosts[1] == 1  # five worker ranks (rank 0 hands out chunks) in one allocation
+    log = "".join(p.read_text() for p in (tmp_path / "mpi" / "logs" / "slurm").glob("*.out"))
+    assert "handed out 27 chunks to 5 ranks" in log
+
+
+def test_preemption_requeues_the_chunk_and_loses_nothing(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tbhpc.cli", "eval", "--out", str(run), "--executor", "slurm", "name=pre", "limit=12",
+         "repeats=3", "policy_opts={delay_s: 0.25}", "slurm={attempts_per_task: 6, flush_every: 1, poll_seconds: 0.5, "
+         "partition: batch, array_parallelism: 6}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait(lambda: len(_array_pids(run)) == 6 and len(list_shards(run / "shards")) >= 3)
+    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "3", "-n", "6", "--wrap", "sleep 2"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    val = validate(RunDir(run))
+    assert val.ok and val.found == 36
+    logs = "".join(p.read_text() for p in (run / "logs" / "slurm").glob("*.out"))
+    assert "DUE TO PREEMPTION" in logs and "SIGTERM received" in logs and re.search(r"[1-9]\d* already written", logs)
+    state = subprocess.run(["sacct", "-n", "-P", "-X", "-j", high, "-o", "State"], capture_output=True, text=True).stdout
+    assert "COMPLETED" in state
+
+
+def test_fair_share_charges_the_account_and_reorders_waiting_jobs(tmp_path):
+    cfg = CampaignConfig(name="fs", split="eval", limit=12, repeats=2, policy_opts={"delay_s": 0.2},
+                         slurm={"account": "acct_a", "attempts_per_task": 4, "poll_seconds": 0.5})
+    ex = slurm_executor(account="acct_a", attempts_per_task=4)
+    run_campaign(cfg, tmp_path / "run", executor=ex)
+    job = (tmp_path / "run" / "slurm" / "stage-001" / "jobs.json").read_text().split('"array": "')[1].split('"')[0]
+    charged = _wait(lambda: subprocess.run(["sacct", "-n", "-P", "-X", "-j", job, "-o", "Account"], capture_output=True,
+                                           text=True).stdout.split(), timeout=60)
+    assert set(charged) == {"acct_a"}
+    usage = lambda acct: float(subprocess.run(["sshare", "-n", "-P", "-A", acct, "-o", "RawUsage"], capture_output=True,  # noqa: E731
+                                              text=True).stdout.split()[0] or 0)
+    _wait(lambda: usage("acct_a") > 0, timeout=150, every=2)
+    assert usage("acct_b") == 0
+    # fill the cluster, then queue one job per account: acct_b's (no usage) must outrank acct_a's
+    blocker = _sbatch("-A", "acct_a", "-N", "3", "-n", "6", "--wrap", "sleep 300")
+    try:
+        a, b = _sbatch("-A", "acct_a", "--wrap", "true"), _sbatch("-A", "acct_b", "--wrap", "true")
+
+        def fairshare():
+            out = subprocess.run(["sprio", "-h", "-j", f"{a},{b}", "-o", "%i %F"], capture_output=True, text=True).stdout
+            f = {i: float(v) for i, v in (line.split() for line in out.splitlines() if line.strip())}
+            return f if len(f) == 2 and f[b] > f[a] else None
+        f = _wait(fairshare, timeout=150, every=2)
+        assert f[b] > f[a]
+    finally:
+        subprocess.run(["scancel", blocker, a, b], check=False)
+
+
+def _sbatch(*args: str) -> str:
+    return subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", *args], capture_output=True, text=True,
+                          check=True).stdout.strip()

@@ -71,10 +71,11 @@ def _run_chunk(keys: list[Key]) -> tuple[int, int]:
 def make_executor(name: str, workers: int, slurm: dict | None = None) -> Executor:
     if name == "local":
         return LocalExecutor(workers)
-    if name == "slurm":
+    if name in ("slurm", "mpi"):
         from tbhpc.config import from_dict
         from tbhpc.launch.options import SlurmOptions
-        from tbhpc.launch.slurm import SlurmExecutor
-        return SlurmExecutor(from_dict(SlurmOptions, slurm or {}, {k: "config field 'slurm'" for k in slurm or {}}))
+        from tbhpc.launch.slurm import MPIExecutor, SlurmExecutor
+        opts = from_dict(SlurmOptions, slurm or {}, {k: "config field 'slurm'" for k in slurm or {}})
+        return (SlurmExecutor if name == "slurm" else MPIExecutor)(opts)
     from tbhpc.errors import UserError
-    raise UserError(f"--executor: unknown executor {name!r} (choose local or slurm)")
+    raise UserError(f"--executor: unknown executor {name!r} (choose local, slurm or mpi)")

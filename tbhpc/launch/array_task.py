@@ -29,8 +29,8 @@ def _raise(signum, _frame):
     raise Interrupted(signum)
 
 
-def run_task(run_path: Path, stage: int, index: int, flush_every: int = 8) -> int:
-    worker = Worker(run_path)
+def run_task(run_path: Path, stage: int, index: int, flush_every: int = 8, worker: Worker | None = None) -> int:
+    worker = worker or Worker(run_path)
     prefix = shard_prefix(stage, index)
     keys = read_chunks(worker.run, stage)[index]
     done = keys_written(worker.run, prefix)

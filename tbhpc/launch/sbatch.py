@@ -69,5 +69,6 @@ def render_mpi(stage: Stage, opts: SlurmOptions) -> str:
     """MPI mode: one allocation of `ntasks` ranks over `nodes` nodes; rank 0 hands out chunks."""
     header = [f"--nodes={opts.nodes}", f"--ntasks={opts.ntasks}", "--requeue", f"--signal=B:USR2@{opts.signal_seconds}"] + \
         _common(opts, f"tbhpc-{stage.name}-mpi", f"{stage.logs}/%x-%j.out")
-    body = [f"srun --mpi={opts.mpi} {shlex.quote(opts.python)} -m tbhpc.launch.mpi_worker {shlex.quote(stage.run)} {stage.stage}"]
+    body = [f"export TBHPC_FLUSH_EVERY={opts.flush_every}",
+            f"srun --mpi={opts.mpi} {shlex.quote(opts.python)} -m tbhpc.launch.mpi_worker {shlex.quote(stage.run)} {stage.stage}"]
     return _script(header, body, stage.workdir)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tbhpc.errors import InfraError
 from tbhpc.launch.options import SlurmOptions
-from tbhpc.launch.sbatch import Stage, render_array
+from tbhpc.launch.sbatch import Stage, render_array, render_mpi
 from tbhpc.launch.stages import Key, keys_written, next_stage, record_jobs, shard_prefix, stage_dir, write_chunks
 from tbhpc.store.run_dir import RunDir
 from tbhpc.store.shards import list_shards
@@ -81,11 +81,12 @@ class SlurmExecutor:
         progress = _Progress(run, stage, on_chunk)
         todo = list(range(len(tasks)))
         for attempt in range(self.opts.task_retries + 1):
-            script = stage_dir(run, stage) / (f"array-retry{attempt}.sbatch" if attempt else "array.sbatch")
-            script.write_text(render_array(st, self.opts, len(tasks), None if attempt == 0 else ",".join(map(str, todo))))
+            suffix = f"-retry{attempt}" if attempt else ""
+            script = stage_dir(run, stage) / f"{self.kind}{suffix}.sbatch"
+            script.write_text(self.render(st, len(tasks), todo if attempt else None))
             job = self.client.sbatch(script)
-            record_jobs(run, stage, {f"array{'' if attempt == 0 else f'-retry{attempt}'}": job, "tasks": len(tasks)})
-            self.log(f"submitted stage {stage}: array job {job}, {len(todo)} task(s) of <= {size} attempts")
+            record_jobs(run, stage, {f"{self.kind}{suffix}": job, "tasks": len(tasks)})
+            self.log(f"submitted stage {stage}: {self.kind} job {job}, {len(todo)} chunk(s) of <= {size} attempts")
             while self.client.queued([job]):
                 progress.poll()
                 time.sleep(self.opts.poll_seconds)
@@ -94,6 +95,23 @@ class SlurmExecutor:
             if not todo:
                 return
             self.log(f"stage {stage}: {len(todo)} array task(s) ended without finishing their chunk: {todo[:10]}")
+
+
+    kind = "array"
+
+    def render(self, st: Stage, n_tasks: int, only: list[int] | None) -> str:
+        return render_array(st, self.opts, n_tasks, None if only is None else ",".join(map(str, only)))
+
+
+class MPIExecutor(SlurmExecutor):
+    """One allocation (`nodes`, `ntasks`), chunks handed out dynamically by rank 0. A rerun after
+    a failure resubmits the job; ranks skip every key already written."""
+
+    name = "mpi"
+    kind = "mpi"
+
+    def render(self, st: Stage, n_tasks: int, only: list[int] | None) -> str:
+        return render_mpi(st, self.opts)
 
 
 class _Progress:
