@@ -68,6 +68,7 @@ CredType=cred/munge
 CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
 StateSaveLocation=$STATE/ctld
 SlurmdSpoolDir=$STATE/spool/%n
+TmpFS=$STATE/tmp/%n
 SlurmctldPidFile=$STATE/run/slurmctld.pid
 SlurmdPidFile=$STATE/run/slurmd-%n.pid
 SlurmctldLogFile=$STATE/log/slurmctld.log
@@ -105,7 +106,8 @@ NodeName=node[1-$NODES] NodeAddr=127.0.0.1 Port=[17001-$last] CPUs=$CPUS RealMem
 PartitionName=batch Nodes=node[1-$NODES] Default=YES MaxTime=INFINITE State=UP PriorityTier=1
 PartitionName=high Nodes=node[1-$NODES] MaxTime=INFINITE State=UP PriorityTier=10
 CONF
-printf 'export SLURM_CONF=%s\n' "$SLURM_CONF" > "$STATE/env.sh"
+# emulated nodes share one host: keep Open MPI off its shared-memory transport between "nodes"
+printf 'export SLURM_CONF=%s\nexport OMPI_MCA_btl=self,tcp\n' "$SLURM_CONF" > "$STATE/env.sh"
 
 # --- daemons -----------------------------------------------------------------------------------
 /usr/sbin/slurmdbd   # reads slurmdbd.conf next to $SLURM_CONF
@@ -115,7 +117,7 @@ sacctmgr -i add account acct_a,acct_b Description=tbhpc Organization=tbhpc >/dev
 sacctmgr -i add user root Account=acct_a,acct_b DefaultAccount=acct_a >/dev/null 2>&1 || true
 /usr/sbin/slurmctld -f "$SLURM_CONF"
 for i in $(seq 1 "$NODES"); do
-  mkdir -p "$STATE/spool/node$i"
+  mkdir -p "$STATE/spool/node$i" "$STATE/tmp/node$i"
   /usr/sbin/slurmd -f "$SLURM_CONF" -N "node$i"
 done
 for _ in $(seq 150); do

@@ -11,5 +11,6 @@ if ! { [ -f "$STATE/run/slurmctld.pid" ] && kill -0 "$(cat "$STATE/run/slurmctld
   started=1
 fi
 trap '[ "$started" = 1 ] && bash "$here/down.sh"' EXIT
-export SLURM_CONF="$STATE/etc/slurm.conf" TBHPC_REQUIRE_SLURM=1
+. "$STATE/env.sh"
+export TBHPC_REQUIRE_SLURM=1
 "$@"
