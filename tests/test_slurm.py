@@ -159,7 +159,10 @@ def test_preemption_requeues_the_chunk_and_loses_nothing(tmp_path):
 
 
 def test_fair_share_charges_the_account_and_reorders_waiting_jobs(tmp_path):
-    cfg = CampaignConfig(name="fs", split="eval", limit=12, repeats=2, policy_opts={"delay_s": 0.2},
+    before = _usage("acct_a")
+    # Slurm adds usage at its once-a-minute priority tick for jobs running then: the array tasks run
+    # ~65 s (4 attempts of 5 completions x 3.2 s) so that at least one tick sees them
+    cfg = CampaignConfig(name="fs", split="eval", limit=12, repeats=2, policy_opts={"delay_s": 3.2},
                          slurm={"account": "acct_a", "attempts_per_task": 4, "poll_seconds": 0.5})
     ex = slurm_executor(account="acct_a", attempts_per_task=4)
     run_campaign(cfg, tmp_path / "run", executor=ex)
@@ -167,10 +170,8 @@ def test_fair_share_charges_the_account_and_reorders_waiting_jobs(tmp_path):
     charged = _wait(lambda: subprocess.run(["sacct", "-n", "-P", "-X", "-j", job, "-o", "Account"], capture_output=True,
                                            text=True).stdout.split(), timeout=60)
     assert set(charged) == {"acct_a"}
-    usage = lambda acct: float(subprocess.run(["sshare", "-n", "-P", "-A", acct, "-o", "RawUsage"], capture_output=True,  # noqa: E731
-                                              text=True).stdout.split()[0] or 0)
-    _wait(lambda: usage("acct_a") > 0, timeout=150, every=2)
-    assert usage("acct_b") == 0
+    _wait(lambda: _usage("acct_a") > before, timeout=150, every=2)  # the campaign's CPU time reached fair-share
+    assert _usage("acct_b") == 0
     # fill the cluster, then queue one job per account: acct_b's (no usage) must outrank acct_a's
     blocker = _sbatch("-A", "acct_a", "-N", "3", "-n", "6", "--wrap", "sleep 300")
     try:
@@ -184,6 +185,11 @@ def test_fair_share_charges_the_account_and_reorders_waiting_jobs(tmp_path):
         assert f[b] > f[a]
     finally:
         subprocess.run(["scancel", blocker, a, b], check=False)
+
+
+def _usage(account: str) -> float:
+    out = subprocess.run(["sshare", "-n", "-P", "-A", account, "-o", "RawUsage"], capture_output=True, text=True).stdout
+    return float(out.split()[0]) if out.split() else 0.0
 
 
 def _sbatch(*args: str) -> str:
