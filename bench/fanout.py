@@ -50,11 +50,12 @@ def main() -> int:
         t0 = time.perf_counter()
         run_campaign(cfg, root / "local", console=Console(quiet=True))
         local = time.perf_counter() - t0
+        console.print(f"local: {local:.1f} s")
         table.add_row("local pool", f"{local:.1f}", f"{n / local:.0f}", "1.00x", "0", "0", "0", "-")
         for name, cls, opts in (
             ("slurm array", SlurmExecutor, SlurmOptions(attempts_per_task=per_task, array_parallelism=cpus, poll_seconds=1,
                                                         flush_every=200)),
-            ("mpi", MPIExecutor, SlurmOptions(attempts_per_task=math.ceil(n / (4 * cpus)), nodes=3, ntasks=cpus + 1,
+            ("mpi", MPIExecutor, SlurmOptions(attempts_per_task=math.ceil(n / (4 * cpus)), nodes=3, ntasks=cpus,
                                               poll_seconds=1, flush_every=200)),
         ):
             client = SlurmClient()
@@ -63,6 +64,7 @@ def main() -> int:
                                console=Console(quiet=True))
             wall = time.perf_counter() - t0
             assert res.missing == 0, f"{name}: {res.missing} attempts missing"
+            console.print(f"{name}: {wall:.1f} s")
             table.add_row(name, f"{wall:.1f}", f"{n / wall:.0f}", f"{wall / local:.2f}x", str(client.calls["sbatch"]),
                           str(client.calls["squeue"]), str(client.calls["sacct"]),
                           f"1 array x {math.ceil(n / per_task)}" if cls is SlurmExecutor else "1 allocation")

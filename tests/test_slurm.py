@@ -195,3 +195,13 @@ def _usage(account: str) -> float:
 def _sbatch(*args: str) -> str:
     return subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", *args], capture_output=True, text=True,
                           check=True).stdout.strip()
+
+
+def test_a_job_that_can_never_start_is_reported_not_waited_on(tmp_path):
+    from tbhpc.errors import InfraError
+    from tbhpc.launch.slurm import MPIExecutor
+    cfg = CampaignConfig(name="big", split="eval", limit=2, repeats=1)
+    ex = MPIExecutor(SlurmOptions(nodes=3, ntasks=64, poll_seconds=0.5), SlurmClient(), log=lambda *_: None)
+    with pytest.raises(InfraError, match="can never start"):
+        run_campaign(cfg, tmp_path / "run", executor=ex)
+    assert validate(RunDir(tmp_path / "run")).missing  # nothing lost: the campaign simply resumes later

@@ -22,6 +22,10 @@ from tbhpc.store.run_dir import RunDir
 from tbhpc.store.shards import list_shards
 
 
+NEVER_STARTS = {"PartitionConfig", "PartitionNodeLimit", "BadConstraints", "InvalidAccount", "InvalidQOS",
+                "AccountNotAllowed", "QOSNotAllowed", "PartitionTimeLimit"}
+
+
 @dataclass
 class SlurmClient:
     """Thin wrapper over the Slurm commands that counts every call (the bench reports them)."""
@@ -42,13 +46,25 @@ class SlurmClient:
         return res.stdout.strip().split(";")[0]
 
     def queued(self, job_ids: list[str]) -> dict[str, str]:
-        """{job_or_array_task_id: state} for jobs still in the queue; one squeue call for all."""
+        """{job_or_array_task_id: state} for jobs still in the queue; one squeue call for all.
+        A job the scheduler can never start (bad partition, account, size) raises instead of
+        being waited on forever."""
         if not job_ids:
             return {}
-        res = self._run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i %T"])
+        res = self._run(["squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i %T %r"])
         if res.returncode != 0:  # every id unknown: all of them left the queue
             return {}
-        return dict(line.split(None, 1) for line in res.stdout.splitlines() if line.strip())
+        out = {}
+        for line in res.stdout.splitlines():
+            parts = line.split()
+            if len(parts) < 2:
+                continue
+            if parts[1] == "PENDING" and len(parts) > 2 and parts[2] in NEVER_STARTS:
+                self._run(["scancel", parts[0].split("_")[0]])
+                raise InfraError(f"Slurm job {parts[0]} can never start ({parts[2]}): check partition, account, "
+                                 "nodes/ntasks and memory against the cluster; the job was cancelled")
+            out[parts[0]] = parts[1]
+        return out
 
     def accounted(self, job_ids: list[str]) -> dict[str, str]:
         """{job_id: state} from accounting (one sacct call); empty when accounting is off."""
