@@ -20,7 +20,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from tbhpc.campaign import run_campaign
+from tbhpc.campaign.runner import run_campaign
 from tbhpc.campaign.config import CampaignConfig
 from tbhpc.launch.options import SlurmOptions
 from tbhpc.launch.slurm import MPIExecutor, SlurmClient, SlurmExecutor

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tbhpc.campaign import run_campaign
+from tbhpc.campaign.runner import run_campaign
 from tbhpc.campaign.config import CampaignConfig, read_task_ids
 from tbhpc.campaign.executors import make_executor
 from tbhpc.campaign.validate import validate

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tbhpc.campaign import run_campaign
+from tbhpc.campaign.runner import run_campaign
 from tbhpc.campaign.config import CampaignConfig
 from tbhpc.config import config_hash, load_config
 from tbhpc.errors import UserError

@@ -7,7 +7,7 @@ import duckdb
 import pytest
 import yaml
 
-from tbhpc.campaign import run_campaign
+from tbhpc.campaign.runner import run_campaign
 from tbhpc.campaign.config import CampaignConfig
 from tbhpc.tasks.loader import default_pack_dir, load_exclusions
 

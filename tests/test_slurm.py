@@ -15,7 +15,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tbhpc.campaign import run_campaign
+from tbhpc.campaign.runner import run_campaign
 from tbhpc.campaign.config import CampaignConfig
 from tbhpc.campaign.validate import validate
 from tbhpc.launch.options import SlurmOptions

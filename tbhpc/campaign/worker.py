@@ -19,10 +19,20 @@ from tbhpc.domains import get_domain
 from tbhpc.env.episode import EpisodeResult, run_episode
 from tbhpc.policy import make_policy
 from tbhpc.store.run_dir import RunDir
+from tbhpc.tasks.loader import parse_task
 from tbhpc.store.schema import ROLES
 from tbhpc.store.shards import write_shard
 
 Key = tuple[str, int]  # (task_id, attempt_index); campaign and policy id are the run's
+
+
+def run_tasks(run: RunDir, cfg: CampaignConfig) -> list:
+    """The run's own snapshot of its tasks (fast, and immune to later pack edits); the pack for
+    run directories made before snapshots existed."""
+    if run.tasks_file.exists():
+        raw = json.loads(run.tasks_file.read_text(encoding="utf-8"))
+        return [parse_task(r, str(run.tasks_file), i) for i, r in enumerate(raw)]
+    return select_tasks(cfg)
 
 
 def attempt_seed(seed: int, task_id: str, attempt_index: int) -> int:
@@ -35,7 +45,7 @@ class Worker:
         self.run = RunDir(Path(run_path)).require()
         self.cfg = load_config(CampaignConfig, self.run.config_file)
         self.campaign = self.run.campaign()
-        self.tasks = {t.id: t for t in select_tasks(self.cfg)}
+        self.tasks = {t.id: t for t in run_tasks(self.run, self.cfg)}
         self.policy = make_policy(self.cfg.policy, **self.cfg.policy_opts)
         self.user = build_user(self.cfg)
         self.judge = build_judge(self.cfg)

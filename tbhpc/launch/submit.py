@@ -59,7 +59,7 @@ def submit_campaign(cfg, out: Path, dry_run: bool = False, client: SlurmClient |
     import math
     import os
 
-    from tbhpc.campaign import open_run, pending_keys
+    from tbhpc.campaign.runner import open_run, pending_keys
     from tbhpc.campaign.config import plan_rows, select_tasks
     from tbhpc.config import from_dict
     from tbhpc.launch.stages import next_stage

@@ -4,6 +4,7 @@
       config.yaml      resolved campaign config       config.hash   hash of its identity fields
       campaign.json    campaign metadata (name, kind, policy id, created)
       plan.jsonl       the planned tasks (metadata + repeats), one per line
+      tasks.json       the planned tasks in full: what every worker runs, even if the pack changes later
       shards/          attempt shards (JSONL, atomic); shards/quarantine/ holds corrupt ones
       results.duckdb   the merged store (written only by the merge step)
       logs/
@@ -44,6 +45,10 @@ class RunDir:
         return self.path / "plan.jsonl"
 
     @property
+    def tasks_file(self) -> Path:
+        return self.path / "tasks.json"
+
+    @property
     def shards(self) -> Path:
         return self.path / "shards"
 
@@ -67,10 +72,13 @@ class RunDir:
             raise UserError(f"{self.path}: not a run directory (no campaign.json)")
         return self
 
-    def create(self, config: dict, config_hash: str, campaign: dict, plan_rows: list[dict]) -> None:
+    def create(self, config: dict, config_hash: str, campaign: dict, plan_rows: list[dict],
+               tasks: list[dict] | None = None) -> None:
         for d in (self.path, self.shards, self.logs):
             d.mkdir(parents=True, exist_ok=True)
         _atomic_text(self.config_file, yaml.safe_dump(config, sort_keys=False))
+        if tasks is not None:
+            _atomic_text(self.tasks_file, json.dumps(tasks, ensure_ascii=False))
         _atomic_text(self.hash_file, config_hash + "\n")
         _atomic_text(self.plan_file, "".join(json.dumps(r, sort_keys=True) + "\n" for r in plan_rows))
         _atomic_text(self.campaign_file, json.dumps(campaign, indent=1, sort_keys=True) + "\n")  # last: marks a complete run dir

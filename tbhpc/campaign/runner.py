@@ -1,0 +1,118 @@
+"""The campaign driver: tasks x repeats x one policy -> attempts, resumable and idempotent.
+
+`run_campaign` creates (or reopens) the run directory, merges whatever shards exist, computes the
+pending keys (never run, or last result a system error), hands them to an executor in chunks,
+and merges again. Re-running the same command after a crash, a kill or a partial failure
+executes exactly the missing work.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+
+from tbhpc.campaign.config import CampaignConfig, identity_hash, pack_hash, pack_path, plan_rows, select_tasks
+from tbhpc.campaign.executors import Executor, LocalExecutor
+from tbhpc.config import resolved
+from tbhpc.errors import UserError
+from tbhpc.store.merge import MergeReport, connect, merge
+from tbhpc.store.run_dir import RunDir
+
+
+@dataclass
+class CampaignResult:
+    planned: int
+    already_done: int
+    executed: int
+    ok: int
+    system_errors: int
+    missing: int
+    merge: MergeReport
+
+
+def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict]]:
+    """Create the run directory, or check that an existing one holds the same campaign."""
+    tasks = select_tasks(cfg)
+    digest = pack_hash(pack_path(cfg))
+    chash = identity_hash(cfg, digest)
+    run = RunDir(Path(out))
+    rows = plan_rows(tasks, cfg.repeats)
+    if run.exists():
+        if run.config_hash() != chash:
+            old = yaml.safe_load(run.config_file.read_text(encoding="utf-8")) or {}
+            diffs = [k for k, v in cfg.identity().items() if old.get(k, v) != v and k != "policy_id"]
+            what = f"field {diffs[0]!r} differs" if diffs else "the task pack changed"
+            raise UserError(f"{run.path}: holds a different campaign ({what}); use a new --out directory")
+        return run, rows
+    campaign = {"campaign": cfg.name, "kind": cfg.kind, "policy_id": cfg.resolved_policy_id, "config_hash": chash,
+                "pack_hash": digest, "config": resolved(cfg), "created_at": datetime.now(timezone.utc).isoformat(sep=" ")[:26],
+                "source": "tbhpc"}
+    run.create(resolved(cfg), chash, campaign, rows, [t.to_dict() for t in tasks])
+    return run, rows
+
+
+def _log(run: RunDir, line: str) -> None:
+    """One line per invocation in logs/campaign.log: what each (re)run did."""
+    run.logs.mkdir(parents=True, exist_ok=True)
+    with open(run.logs / "campaign.log", "a", encoding="utf-8") as f:
+        f.write(f"{datetime.now(timezone.utc).isoformat(timespec='seconds')} {line}\n")
+
+
+def pending_keys(run: RunDir, rows: list[dict]) -> tuple[list[tuple[str, int]], int]:
+    camp = run.campaign()
+    con = connect(run, read_only=True)
+    try:
+        ok = set(con.execute("SELECT task_id, attempt_index FROM attempts WHERE campaign = ? AND policy_id = ? AND status = 'ok'",
+                             [camp["campaign"], camp["policy_id"]]).fetchall())
+    finally:
+        con.close()
+    planned = [(r["task_id"], i) for r in rows for i in range(r["repeats"])]
+    return [k for k in planned if k not in ok], len(planned)
+
+
+def run_campaign(cfg: CampaignConfig, out: Path, executor: Executor | None = None, console: Console | None = None) -> CampaignResult:
+    console = console or Console(stderr=True)
+    executor = executor or LocalExecutor(cfg.workers)
+    run, rows = open_run(cfg, out)
+    report = merge(run)  # pick up shards of an earlier, interrupted run
+    for line in report.lines():
+        console.print(f"[red]warning[/]: {line}")
+    keys, planned = pending_keys(run, rows)
+    chunks = [keys[i:i + cfg.chunk_size] for i in range(0, len(keys), cfg.chunk_size)]
+    counts = {"ok": 0, "err": 0}
+    console.print(f"campaign [bold]{cfg.name}[/] ({cfg.kind}, policy {cfg.resolved_policy_id}): {planned} attempts planned, "
+                  f"{planned - len(keys)} done, {len(keys)} to run with {executor.name} x{cfg.workers}")
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
+               TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn())
+    failure: Exception | None = None
+    with Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task(cfg.kind, total=len(keys), rate="")
+
+        def on_chunk(ok: int, err: int) -> None:
+            counts["ok"] += ok
+            counts["err"] += err
+            elapsed = progress.tasks[0].elapsed or 1e-9
+            progress.update(bar, advance=ok + err, rate=f"{(counts['ok'] + counts['err']) / elapsed:.1f} att/s")
+
+        try:
+            executor.run(run.path, chunks, on_chunk)
+        except Exception as exc:  # keep what finished: merge before reporting
+            failure = exc
+    final = merge(run)
+    for line in final.lines():
+        console.print(f"[red]warning[/]: {line}")
+    remaining, _ = pending_keys(run, rows)
+    result = CampaignResult(planned, planned - len(keys), counts["ok"] + counts["err"], counts["ok"], counts["err"],
+                            len(remaining), final)
+    _log(run, f"{executor.name} x{cfg.workers}: planned {planned}, already done {result.already_done}, executed "
+              f"{result.executed} ({result.ok} ok, {result.system_errors} system errors), still to run {result.missing}, "
+              f"quarantined shards {len(report.quarantined) + len(final.quarantined)}"
+              + (f", stopped by: {failure}" if failure else ""))
+    if failure is not None:
+        raise failure
+    return result
