@@ -44,16 +44,16 @@ def main() -> int:
     cpus = slots()
     per_task = math.ceil(n / cpus)  # one array task per CPU slot: minutes-long tasks, not thousands of tiny jobs
     table = Table(title=f"fan-out of {n:,} oracle attempts ({cpus} Slurm CPU slots on {args.workers} real cores)")
-    for col in ("executor", "wall s", "attempts/s", "vs local", "sbatch", "squeue", "sacct", "jobs"):
+    for col in ("executor", "wall s", "att/s", "vs local", "sbatch", "squeue", "sacct", "jobs"):
         table.add_column(col, justify="right")
     try:
         t0 = time.perf_counter()
         run_campaign(cfg, root / "local", console=Console(quiet=True))
         local = time.perf_counter() - t0
         console.print(f"local: {local:.1f} s")
-        table.add_row("local pool", f"{local:.1f}", f"{n / local:.0f}", "1.00x", "0", "0", "0", "-")
+        table.add_row("local", f"{local:.1f}", f"{n / local:.0f}", "1.00x", "0", "0", "0", "-")
         for name, cls, opts in (
-            ("slurm array", SlurmExecutor, SlurmOptions(attempts_per_task=per_task, array_parallelism=cpus, poll_seconds=1,
+            ("slurm", SlurmExecutor, SlurmOptions(attempts_per_task=per_task, array_parallelism=cpus, poll_seconds=1,
                                                         flush_every=200)),
             ("mpi", MPIExecutor, SlurmOptions(attempts_per_task=math.ceil(n / (4 * cpus)), nodes=3, ntasks=cpus,
                                               poll_seconds=1, flush_every=200)),
@@ -67,7 +67,7 @@ def main() -> int:
             console.print(f"{name}: {wall:.1f} s")
             table.add_row(name, f"{wall:.1f}", f"{n / wall:.0f}", f"{wall / local:.2f}x", str(client.calls["sbatch"]),
                           str(client.calls["squeue"]), str(client.calls["sacct"]),
-                          f"1 array x {math.ceil(n / per_task)}" if cls is SlurmExecutor else "1 allocation")
+                          f"1 array x{math.ceil(n / per_task)}" if cls is SlurmExecutor else "1 alloc")
         console.print(table)
         console.print("target: slurm array within 1.3x of local wall time (same machine, same CPUs); "
                       "squeue calls = one batched poll per second for the whole array")

@@ -205,3 +205,39 @@ def test_a_job_that_can_never_start_is_reported_not_waited_on(tmp_path):
     with pytest.raises(InfraError, match="can never start"):
         run_campaign(cfg, tmp_path / "run", executor=ex)
     assert validate(RunDir(tmp_path / "run")).missing  # nothing lost: the campaign simply resumes later
+
+
+def test_usr2_before_the_time_limit_flushes_and_requeues_the_task(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tbhpc.cli", "eval", "--out", str(run), "--executor", "slurm", "name=tl", "limit=8",
+         "repeats=2", "policy_opts={delay_s: 0.1}", "slurm={attempts_per_task: 16, flush_every: 1, poll_seconds: 0.5}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait(lambda: _array_pids(run) and len(list_shards(run / "shards")) >= 3)
+    job = (run / "slurm" / "stage-001" / "jobs.json").read_text().split('"array": "')[1].split('"')[0]
+    # what Slurm does --signal seconds before the time limit: USR2 to the batch step
+    subprocess.run(["scancel", "--signal=USR2", "--batch", f"{job}_0"], check=True)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert validate(RunDir(run)).ok
+    log = (run / "logs" / "slurm" / f"tbhpc-tl-{job}_0.out").read_text()
+    assert "SIGUSR2 received" in log and f"requeued {job}_0" in log and re.search(r"[1-9]\d* already written", log)
+
+
+def test_submit_chains_array_merge_agg_and_status_is_one_batched_call(tmp_path):
+    from tbhpc.launch.status import run_status
+    run = tmp_path / "run"
+    out = subprocess.run([sys.executable, "-m", "tbhpc.cli", "submit", "eval", "--out", str(run), "name=sub", "limit=20",
+                          "repeats=2", "slurm={attempts_per_task: 10, account: acct_a}"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "jobs array" in out.stdout and "merge" in out.stdout and "agg" in out.stdout
+    agg_log = run / "logs" / "slurm"
+    _wait(lambda: any(p.name.startswith("tbhpc-sub-agg") and "MICRO_AVG" in p.read_text() for p in agg_log.glob("*.out")),
+          timeout=120, every=0.5)
+    client = SlurmClient()
+    status = run_status(RunDir(run), client)
+    assert status[0]["attempts_done"] == status[0]["attempts_planned"] == 40 and status[0]["array_tasks"] == 4
+    assert status[0]["failed_tasks"] == 0 and client.calls == {"squeue": 1, "sacct": 1}
+    assert validate(RunDir(run)).ok  # the merge job merged everything
+    cli = subprocess.run([sys.executable, "-m", "tbhpc.cli", "status", str(run)], capture_output=True, text=True)
+    assert cli.returncode == 0 and "40/40" in cli.stdout
