@@ -17,7 +17,7 @@ from pathlib import Path
 from tbhpc.errors import InfraError
 from tbhpc.launch.options import SlurmOptions
 from tbhpc.launch.sbatch import Stage, render_array, render_mpi
-from tbhpc.launch.stages import Key, keys_written, next_stage, record_jobs, shard_prefix, stage_dir, write_chunks
+from tbhpc.launch.stages import Key, keys_written_by_task, next_stage, record_jobs, stage_dir, write_chunks
 from tbhpc.store.run_dir import RunDir
 from tbhpc.store.shards import list_shards
 
@@ -78,6 +78,7 @@ class SlurmClient:
 
 class SlurmExecutor:
     name = "slurm"
+    kind = "array"
 
     def __init__(self, opts: SlurmOptions, client: SlurmClient | None = None, workdir: str | None = None, log=print):
         self.opts, self.client, self.log = opts, client or SlurmClient(), log
@@ -107,13 +108,11 @@ class SlurmExecutor:
                 progress.poll()
                 time.sleep(self.opts.poll_seconds)
             progress.poll()
-            todo = [i for i in todo if not set(tasks[i]) <= keys_written(run, shard_prefix(stage, i))]
+            written = keys_written_by_task(run, stage)
+            todo = [i for i in todo if not set(tasks[i]) <= written.get(i, set())]
             if not todo:
                 return
             self.log(f"stage {stage}: {len(todo)} array task(s) ended without finishing their chunk: {todo[:10]}")
-
-
-    kind = "array"
 
     def render(self, st: Stage, n_tasks: int, only: list[int] | None) -> str:
         return render_array(st, self.opts, n_tasks, None if only is None else ",".join(map(str, only)))

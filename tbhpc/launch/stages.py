@@ -45,15 +45,31 @@ def keys_written(run: RunDir, prefix: str) -> set[Key]:
     """Keys with a row in this run's shards whose name starts with `prefix` (any status)."""
     done: set[Key] = set()
     for path in list_shards(run.shards):
-        if not path.name.startswith(prefix + "-"):
-            continue
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-                done.add((row["task_id"], int(row["attempt_index"])))
-            except (ValueError, KeyError, TypeError):
-                continue  # a damaged shard: merge will quarantine it; its keys are simply redone
+        if path.name.startswith(prefix + "-"):
+            done |= _keys_in(path)
     return done
+
+
+def keys_written_by_task(run: RunDir, stage: int) -> dict[int, set[Key]]:
+    """{array task index: keys written} for one stage, in a single pass over the shards."""
+    head = f"shard-s{stage:03d}-t"
+    out: dict[int, set[Key]] = {}
+    for path in list_shards(run.shards):
+        if path.name.startswith(head):
+            index = int(path.name[len(head):len(head) + 5])
+            out.setdefault(index, set()).update(_keys_in(path))
+    return out
+
+
+def _keys_in(path: Path) -> set[Key]:
+    keys: set[Key] = set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+            keys.add((row["task_id"], int(row["attempt_index"])))
+        except (ValueError, KeyError, TypeError):
+            continue  # a damaged shard: merge will quarantine it; its keys are simply redone
+    return keys
 
 
 def record_jobs(run: RunDir, stage: int, jobs: dict) -> None:
