@@ -7,7 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from tbhpc.campaign.runner import run_campaign
@@ -18,13 +17,7 @@ from tbhpc.store.merge import merge
 from tbhpc.store.run_dir import RunDir
 from tbhpc.store.shards import list_shards
 
-
-def rows(run: Path):
-    con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
-    try:
-        return con.execute("SELECT task_id, attempt_index, reward, status FROM attempts ORDER BY 1, 2").fetchall()
-    finally:
-        con.close()
+from helpers import attempt_rows as rows
 
 
 def cfg(**kw):

@@ -23,6 +23,8 @@ from tbhpc.launch.slurm import SlurmClient, SlurmExecutor
 from tbhpc.store.run_dir import RunDir
 from tbhpc.store.shards import list_shards
 
+from helpers import attempt_rows as rows
+
 pytestmark = pytest.mark.slow
 
 
@@ -34,14 +36,6 @@ def cluster():
         pytest.skip("no Slurm cluster (run `make slurm-up` and source its env.sh)")
     out = subprocess.run(["sinfo", "-h", "-p", "batch", "-o", "%D %t"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-
-
-def rows(run: Path):
-    con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
-    try:
-        return con.execute("SELECT task_id, attempt_index, reward, status FROM attempts ORDER BY 1, 2").fetchall()
-    finally:
-        con.close()
 
 
 def slurm_executor(**opts):
