@@ -26,6 +26,8 @@ demo: env
 bench: env
 	$(VPY) bench/episode_overhead.py
 	$(VPY) bench/results_scale.py
+	$(VPY) bench/buffer_size.py
+	NODES=$(NODES) STATE=$(SLURM_STATE) bash slurm/local/with-cluster.sh $(VPY) bench/fanout.py
 
 # Regenerate the bundled task pack (deterministic: same seed, same bytes).
 tasks: env
