@@ -51,6 +51,14 @@ class Draft:
         self.calls.append(GoldenCall(tool, {k: v for k, v in params.items() if v is not None}))
         return self
 
+    def decline(self, question: str, keywords: tuple[str, ...], response: str, refusal: bool = False) -> "Draft":
+        """The golden outcome is to change nothing: tag the task read-only and require the final
+        message to say why (a rubric), so that doing nothing cannot pass."""
+        self.tags += (["refusal"] if refusal else []) + ["read_only"]
+        self.rubrics = [Rubric(question, tuple(keywords))]
+        self.response = response
+        return self
+
     def user_context(self) -> str:
         facts = "\n".join(f"- {k}: {v}" for k, v in self.facts.items())
         return f"{self.persona}\nFacts you know:\n{facts}\n{RULES}"

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from tbhpc.domains.gen import Draft, Gen
-from tbhpc.tasks.schema import Rubric
 
 MANAGERS = {"engineering": "E1", "sales": "E2", "design": "E3", "finance": "E4"}
 TITLES = {"engineering": "Software Engineer", "sales": "Account Executive", "design": "Product Designer", "finance": "Analyst"}
@@ -38,9 +37,8 @@ def access_request(g: Gen) -> Draft:
                type="task", priority="high", tags=["admin_access_review"])
         d.response = "Admin access needs a security review; I opened a ticket for the security team."
     elif level == "write" and system == "aws" and emp["department"] != "engineering":
-        d.tags += ["refusal", "read_only"]
-        d.rubrics = [Rubric("Does the message say aws write access is limited to engineering?", ("limited to engineering", "only engineering", "engineering department"))]
-        d.response = "AWS write access is limited to the engineering department, so I can't grant it."
+        d.decline("Does the message say aws write access is limited to engineering?", ("limited to engineering", "only engineering", "engineering department"),
+                  "AWS write access is limited to the engineering department, so I can't grant it.", refusal=True)
     else:
         d.call("get_employee", employee_id=emp["id"])
         d.call("grant_access", employee_id=emp["id"], system=system, level=level,
@@ -85,9 +83,8 @@ def expense(g: Gen) -> Draft:
                ["expense", "policy"])
     d.call("search_policy", query="expense receipt approval finance")
     if amount > 75 and not receipt:
-        d.tags += ["refusal", "read_only"]
-        d.rubrics = [Rubric("Does the message ask the employee to attach a receipt?", ("receipt",))]
-        d.response = "Expenses above 75 USD need a receipt; please attach one and submit again."
+        d.decline("Does the message ask the employee to attach a receipt?", ("receipt",),
+                  "Expenses above 75 USD need a receipt; please attach one and submit again.", refusal=True)
     else:
         status = "finance_review" if category == "software" or amount > 1000 else "approved"
         d.call("submit_expense", employee_id=emp["id"], category=category, amount=amount, receipt=receipt, status=status,
@@ -147,9 +144,8 @@ def offboarding(g: Gen) -> Draft:
                type="task", priority="normal", tags=["device_collection"])
         d.response = f"{leaver['name']}'s access is revoked, offboarding started, and IT will collect the devices."
     else:
-        d.tags += ["refusal", "read_only"]
-        d.rubrics = [Rubric("Does the message say only the employee's manager can request offboarding?", ("only the manager", "their manager", "only their manager", "manager can request"))]
-        d.response = "Only the employee's manager can request offboarding."
+        d.decline("Does the message say only the employee's manager can request offboarding?", ("only the manager", "their manager", "only their manager", "manager can request"),
+                  "Only the employee's manager can request offboarding.", refusal=True)
     return d
 
 

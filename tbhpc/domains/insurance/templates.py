@@ -63,9 +63,8 @@ def collision_claim(g: Gen) -> Draft:
                amount_claimed=amount, fast_track=False, description=what)
         d.response = "Your claim is filed and open; an adjuster will contact you."
     else:
-        d.tags.append("read_only")
-        d.rubrics = [Rubric("Does the message say the 30-day claim deadline has passed?", ("30-day", "30 days", "deadline has passed"))]
-        d.response = "I'm sorry, the 30-day claim deadline has passed, so I cannot file this claim."
+        d.decline("Does the message say the 30-day claim deadline has passed?", ("30-day", "30 days", "deadline has passed"),
+                  "I'm sorry, the 30-day claim deadline has passed, so I cannot file this claim.")
     return d
 
 
@@ -150,9 +149,8 @@ def add_driver(g: Gen) -> Draft:
         d.call("add_driver", policy_id=pol["id"], name=name, license_number=lic, birth_date=birth_s)
         d.response = f"{name} is now a driver on your policy."
     else:
-        d.tags += ["refusal", "read_only"]
-        d.rubrics = [Rubric("Does the message say drivers under 21 need the standard or premium plan?", ("under 21",))]
-        d.response = "Drivers under 21 require the standard or premium plan, so I can't add them to your basic plan."
+        d.decline("Does the message say drivers under 21 need the standard or premium plan?", ("under 21",),
+                  "Drivers under 21 require the standard or premium plan, so I can't add them to your basic plan.", refusal=True)
     return d
 
 
@@ -168,9 +166,8 @@ def deductible_change(g: Gen) -> Draft:
                {"new deductible": str(new)}, ["deductible", "policy"], claims)
     d.call("get_policy", policy_id=pol["id"]).call("search_policy", query="deductible change open claim")
     if claims:
-        d.tags += ["refusal", "read_only"]
-        d.rubrics = [Rubric("Does the message say an open claim must be settled first?", ("open claim",))]
-        d.response = "Your policy has an open claim, which must be settled before the deductible can change."
+        d.decline("Does the message say an open claim must be settled first?", ("open claim",),
+                  "Your policy has an open claim, which must be settled before the deductible can change.", refusal=True)
     else:
         d.call("change_deductible", policy_id=pol["id"], deductible=new)
         d.response = f"Your deductible is now {new} USD."

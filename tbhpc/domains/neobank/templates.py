@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from tbhpc.domains.gen import Draft, Gen
-from tbhpc.tasks.schema import Rubric
 
 MERCHANTS = ["Corner Grocer", "Metro Transit", "StreamPlus", "Bolt Electronics", "Cafe Lumen", "Gearhub Online", "Skyline Air"]
 STORIES = {"unauthorized": "I never made this purchase", "duplicate": "I was charged twice for the same thing",
@@ -88,13 +87,11 @@ def dispute(g: Gen) -> Draft:
                {"merchant": merchant, "amount": f"{amount:.2f}", "what happened": STORIES[reason]}, ["dispute", "policy"], {"transactions": txs})
     d.call("list_transactions", account_id=acct["id"]).call("search_policy", query="dispute transaction window provisional credit")
     if status == "pending":
-        d.tags.append("read_only")
-        d.rubrics = [Rubric("Does the message tell the customer to wait until the transaction posts?", ("pending", "posts", "wait"))]
-        d.response = "The transaction is still pending; please wait until it posts, then we can dispute it."
+        d.decline("Does the message tell the customer to wait until the transaction posts?", ("pending", "posts", "wait"),
+                  "The transaction is still pending; please wait until it posts, then we can dispute it.")
     elif days > 60:
-        d.tags.append("read_only")
-        d.rubrics = [Rubric("Does the message say the 60-day dispute window has passed?", ("60-day", "60 days"))]
-        d.response = "I'm sorry, the 60-day dispute window has passed."
+        d.decline("Does the message say the 60-day dispute window has passed?", ("60-day", "60 days"),
+                  "I'm sorry, the 60-day dispute window has passed.")
     else:
         d.call("open_dispute", transaction_id=txs[0]["id"], reason=reason, provisional_credit=amount if amount <= 500 else 0.0)
         d.response = "The dispute is open" + (f" and {amount:.2f} USD is credited provisionally." if amount <= 500 else ".")
@@ -110,9 +107,8 @@ def limit_change(g: Gen) -> Draft:
                {"card last four digits": card["last4"], "desired limit": f"{want:.0f}"}, ["limit", "policy", cust["plan"]])
     d.call("search_policy", query="daily card limit plan maximum")
     if kyc == "pending":
-        d.tags += ["refusal", "read_only"]
-        d.rubrics = [Rubric("Does the message say identity verification must be completed first?", ("verification", "verify"))]
-        d.response = "Identity verification must be completed before the limit can change."
+        d.decline("Does the message say identity verification must be completed first?", ("verification", "verify"),
+                  "Identity verification must be completed before the limit can change.", refusal=True)
     else:
         d.call("set_card_limit", card_id=card["id"], daily_limit=min(want, cap))
         d.response = f"Your daily limit is now {min(want, cap):.0f} USD."

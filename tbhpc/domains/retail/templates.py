@@ -130,10 +130,8 @@ def change_of_mind_return(g: Gen) -> Draft:
         d.call("issue_refund", order_id=o["id"], amount=round(price * qty, 2), method="store_credit" if credit else "original_payment")
         d.response = f"Your return is open and {price * qty:.2f} USD has been refunded " + ("as store credit." if credit else "to your card.")
     else:
-        d.tags.append("read_only")
-        d.rubrics = [Rubric("Does the message tell the customer the return window has passed?",
-                            ("window has passed", "outside the return window", "return window has", "no longer eligible"))]
-        d.response = "I'm sorry, the return window has passed, so I can't accept this return."
+        d.decline("Does the message tell the customer the return window has passed?", ("window has passed", "outside the return window", "return window has", "no longer eligible"),
+                  "I'm sorry, the return window has passed, so I can't accept this return.")
     return d
 
 
@@ -153,9 +151,8 @@ def defective(g: Gen) -> Draft:
         d.call("create_return", order_id=o["id"], product_id=pid, quantity=1, reason="defective", resolution="exchange")
         d.response = "It is under warranty, so I opened an exchange for you."
     else:
-        d.tags.append("read_only")
-        d.rubrics = [Rubric("Does the message tell the customer the warranty has expired?", ("warranty has expired", "warranty expired", "out of warranty", "no longer under warranty"))]
-        d.response = "I'm sorry, the warranty has expired, so I cannot exchange it."
+        d.decline("Does the message tell the customer the warranty has expired?", ("warranty has expired", "warranty expired", "out of warranty", "no longer under warranty"),
+                  "I'm sorry, the warranty has expired, so I cannot exchange it.")
     return d
 
 

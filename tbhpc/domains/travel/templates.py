@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from tbhpc.domains.gen import Draft, Gen
-from tbhpc.tasks.schema import Rubric
 
 ROUTES = [("SFO", "DEN"), ("JFK", "LIS"), ("ORD", "SFO"), ("SEA", "HND"), ("BOS", "ORD"), ("DEN", "JFK")]
 HOTELS = {"Lisbon": [("H1", 142.0), ("H2", 199.0)], "Denver": [("H3", 129.0), ("H4", 175.0)],
@@ -104,9 +103,8 @@ def delay_compensation(g: Gen) -> Draft:
         d.call("issue_voucher", customer_id=cust["id"], amount=100.0 * b["passengers"], reason="delay")
         d.response = f"You get a {100 * b['passengers']:.0f} USD voucher for the delay."
     else:
-        d.tags.append("read_only")
-        d.rubrics = [Rubric("Does the message say the delay does not qualify for compensation?", ("under 3 hours", "does not qualify", "doesn't qualify", "not eligible"))]
-        d.response = "The delay was under 3 hours, so it does not qualify for compensation."
+        d.decline("Does the message say the delay does not qualify for compensation?", ("under 3 hours", "does not qualify", "doesn't qualify", "not eligible"),
+                  "The delay was under 3 hours, so it does not qualify for compensation.")
     return d
 
 
