@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     from tbhpc import cli_campaign, cli_results
     cli_campaign.add_parsers(sub)
     cli_results.add_parsers(sub)
+    from tbhpc import cli_serve
+    cli_serve.add_parsers(sub)
 
     demo = sub.add_parser("demo", help="evaluate the bundled pack with the built-in policies")
     demo.add_argument("--config", type=Path, default=None, help="YAML config (see jobs/demo.yaml)")
@@ -88,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd in ("agg", "select", "report", "import-tb"):
             from tbhpc import cli_results
             return cli_results.run(args)
+        if args.cmd == "serve":
+            from tbhpc import cli_serve
+            return cli_serve.run(args)
         if args.cmd == "demo":
             from tbhpc import demo
             return demo.run(args)

@@ -56,8 +56,13 @@ def from_dict(cls: type[T], values: dict[str, Any], origin: dict[str, str] | Non
         where = origin.get(unknown[0], cls.__name__)
         raise UserError(f"{where}: unknown field {unknown[0]!r} (known: {', '.join(sorted(fields))})")
     hints = typing.get_type_hints(cls)
+    values = dict(values)
     for key, value in values.items():
         want = hints.get(key)
+        if dataclasses.is_dataclass(want) and isinstance(value, dict):   # a nested config section
+            sub = {k: f"{origin.get(key, cls.__name__)} ({key}.{k})" for k in value}
+            values[key] = from_dict(want, value, sub)
+            continue
         if want is not None and not _fits(value, want):
             where = origin.get(key, cls.__name__)
             raise UserError(f"{where}: field {key!r}: expected {_name(want)}, got {type(value).__name__}")

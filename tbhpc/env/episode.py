@@ -7,8 +7,9 @@ Protocol (as the reference harness):
   the model called again; visible text without tool calls ends the agent turn;
 - the episode ends when the final visible text ends with `<DONE>` (`done`), an end-turn tool is
   called (`end_turn_tool`), the simulated user has replied `max_user_turns` times and the agent
-  still has not finished (`user_limit`, still graded), or the agent-turn cap is hit
-  (`agent_limit`, still graded);
+  still has not finished (`user_limit`, still graded), the agent-turn cap is hit
+  (`agent_limit`, still graded), or the policy stops itself (`response_budget`: the episode's
+  generated-token budget is spent; `context_limit`: the history no longer fits; both graded);
 - any `InfraError` (backend, tool timeout, policy/user/judge endpoint) makes the attempt a
   `system_error` with its cause: never a reward of 0, always eligible for re-run.
 """
@@ -48,7 +49,7 @@ class EpisodeResult:
     status: str                      # ok | system_error
     reward: float | None             # None for a system error
     passed: bool | None
-    finish_reason: str               # done | end_turn_tool | user_limit | agent_limit | system_error
+    finish_reason: str               # done | end_turn_tool | user_limit | agent_limit | response_budget | context_limit | system_error
     agent_turns: int = 0
     user_turns: int = 0
     tool_calls: int = 0
@@ -144,6 +145,8 @@ class _Turns:
                 return "agent_limit"
             completion = self.agent.complete(self.messages, self.tools)
             self.usage["agent"].add(completion.usage)
+            if completion.finish_reason:
+                return completion.finish_reason
             self.res.agent_turns += 1
             parsed = interpret(completion.text, self.schemas)
             msg: dict[str, Any] = {"role": "assistant", "content": parsed.text}

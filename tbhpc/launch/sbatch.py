@@ -72,3 +72,17 @@ def render_mpi(stage: Stage, opts: SlurmOptions) -> str:
     body = [f"export TBHPC_FLUSH_EVERY={opts.flush_every}",
             f"srun --mpi={opts.mpi} {shlex.quote(opts.python)} -m tbhpc.launch.mpi_worker {shlex.quote(stage.run)} {stage.stage}"]
     return _script(header, body, stage.workdir)
+
+
+def render_serve(run: str, config_path: str, opts: SlurmOptions, workdir: str, gpus: int = 0) -> str:
+    """The policy server job: `tbhpc serve` supervises vLLM on the allocated node, publishes
+    RUN/endpoint.json with the node's name, and stops vLLM when Slurm ends the job (SIGTERM
+    reaches the supervisor: the body execs it)."""
+    header = ["--ntasks=1", "--nodes=1"] + _common(opts, "tbhpc-serve", f"{run}/logs/slurm/%x-%j.out")
+    if gpus and not opts.gres:
+        header.append(f"--gres=gpu:{gpus}")
+    body = ["# vLLM runs from its own environment (ServeConfig.python); this process only supervises it",
+            " ".join(shlex.quote(c) for c in [opts.python, "-m", "tbhpc.cli", "serve", run, "--config", config_path,
+                                              "host=0.0.0.0"])]
+    body[-1] = "exec " + body[-1]
+    return _script(header, body, workdir)

@@ -1,7 +1,7 @@
 """Policy room: things that produce model text for an episode. They never grade and never parse
 tool calls themselves (the shared interpreter does).
 
-`make_policy(name, **options)` builds one by name: oracle, noop, openai, hf.
+`make_policy(name, **options)` builds one by name: oracle, noop, openai, hf, tokens.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from tbhpc.errors import UserError
 from tbhpc.policy.base import Completion, Policy, PolicySession
 
-POLICY_NAMES = ("oracle", "noop", "openai", "hf")
+POLICY_NAMES = ("oracle", "noop", "openai", "hf", "tokens")
 
 
 def make_policy(name: str, **options: Any) -> Policy:
@@ -26,6 +26,9 @@ def make_policy(name: str, **options: Any) -> Policy:
     if name == "hf":
         from tbhpc.policy.hf import HFPolicy
         return HFPolicy(**options)
+    if name == "tokens":
+        from tbhpc.policy.tokens import TokenPolicy
+        return TokenPolicy(**options)
     raise UserError(f"--policy: unknown policy {name!r} (choose from {', '.join(POLICY_NAMES)})")
 
 

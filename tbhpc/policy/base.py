@@ -18,6 +18,7 @@ from tbhpc.tasks.schema import Task
 class Completion:
     text: str                       # raw model output, reasoning and tool calls included
     usage: Usage = field(default_factory=Usage)
+    finish_reason: str = ""         # set when the policy ends the episode itself: response_budget | context_limit
 
 
 class PolicySession(Protocol):

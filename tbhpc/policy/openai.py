@@ -4,6 +4,8 @@ Why the answer is turned back into text: servers may run their own tool-call and
 parsers and return structured `tool_calls` / `reasoning_content`; we re-render those as text so
 that tbhpc's one interpreter still decides what the calls are (and coerces their types).
 Defaults follow the published sampling: temperature 1.0, top-k 20, top-p 0.95.
+`endpoint=RUN_DIR` reads the URL and model name from the run's endpoint.json (written by
+`tbhpc serve`, which may be a Slurm job on a node nobody knew in advance).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ DEFAULT_SAMPLING = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "max_tokens"
 class OpenAIPolicy:
     base_url: str = "http://127.0.0.1:8000/v1"
     model: str = "default"
+    endpoint: str = ""                  # a run dir / endpoint.json: overrides base_url and model
     sampling: dict[str, Any] = field(default_factory=dict)
     send_tools: bool = True
     timeout_s: float = 600.0
@@ -31,7 +34,11 @@ class OpenAIPolicy:
     name: str = "openai"
 
     def __post_init__(self) -> None:
-        self.endpoint = ChatEndpoint(self.base_url, self.model, timeout_s=self.timeout_s, retries=self.retries, backoff_s=self.backoff_s,
+        if self.endpoint:
+            from tbhpc.serve.endpoint import read_endpoint
+            ep = read_endpoint(self.endpoint)
+            self.base_url, self.model = ep.openai_url, ep.model
+        self.chat = ChatEndpoint(self.base_url, self.model, timeout_s=self.timeout_s, retries=self.retries, backoff_s=self.backoff_s,
                                      sampling={**DEFAULT_SAMPLING, **self.sampling})
 
     def session(self, task: Task, seed: int = 0) -> "_OpenAISession":
@@ -45,7 +52,7 @@ class _OpenAISession:
 
     def complete(self, messages: list[dict], tools: list[dict]) -> Completion:
         extra: dict[str, Any] = {"tools": tools} if (self.policy.send_tools and tools) else {}
-        msg, usage = self.policy.endpoint.chat(chat_messages(messages), seed=self.seed, **extra)
+        msg, usage = self.policy.chat.chat(chat_messages(messages), seed=self.seed, **extra)
         return Completion(message_to_text(msg), usage)
 
 

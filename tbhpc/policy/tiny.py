@@ -85,10 +85,11 @@ def build_tiny_model(out_dir: Path | str, arch: str = "qwen3", seed: int = 0, vo
 
     out = Path(out_dir)
     tok = build_tokenizer(vocab_size)
-    common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=32768, tie_word_embeddings=True,
+    # head_dim 32: the smallest head size vLLM's CPU attention kernels accept.
+    common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1, max_position_embeddings=32768, tie_word_embeddings=True,
                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
-    config = Qwen3Config(head_dim=16, **common) if arch == "qwen3" else LlamaConfig(**common)
+    config = Qwen3Config(head_dim=32, **common) if arch == "qwen3" else LlamaConfig(**common)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config.eos_token_id = tok.eos_token_id

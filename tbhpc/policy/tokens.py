@@ -1,0 +1,114 @@
+"""The `tokens` policy: token-exact rollouts for training (and evaluation) with either engine.
+
+Each episode keeps a `TokenTrace`: prompt ids rendered once, generated ids and behaviour logprobs
+exactly as sampled, observation deltas with loss mask 0, and the weight version of every turn.
+The generated text goes through the same interpreter as every other policy (the episode loop
+does that); this policy only turns history into ids and ids into text.
+
+Options: `generator=server` (a vLLM server: `endpoint=RUN_DIR` reads RUN/endpoint.json, or
+`base_url=http://host:port`) or `generator=local` (the model at `model_path`, in process).
+`model_path` also supplies the tokenizer and chat template in server mode (on a cluster: the
+same shared directory the server loads). Sampling defaults: temperature 1.0, top-k 20, top-p
+0.95, `max_tokens` per turn, `response_budget` generated tokens per episode.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tbhpc.errors import UserError
+from tbhpc.llm_client import Usage
+from tbhpc.policy.base import Completion
+from tbhpc.policy.generation import Generator, LocalGenerator, Sampling, ServerGenerator
+from tbhpc.rollout.tokens import TokenTrace
+from tbhpc.tasks.schema import Task
+
+
+@dataclass
+class TokenPolicy:
+    model_path: str = ""
+    generator: str = "server"           # server | local
+    endpoint: str = ""                  # server mode: run dir or endpoint.json
+    base_url: str = ""                  # server mode: http://host:port (instead of endpoint)
+    served_model: str = "policy"
+    temperature: float = 1.0
+    top_k: int = 20
+    top_p: float = 0.95
+    max_tokens: int = 1024              # per turn
+    response_budget: int = 8192         # generated tokens per episode
+    max_context: int = 0                # stop an episode whose prompt reaches this (0: no check)
+    check_prefix: bool = True           # verify each finished trace against a fresh rendering
+    seed: int = 0
+    threads: int = 1
+    name: str = "tokens"
+    traces: dict = field(default_factory=dict, repr=False)   # (task_id, seed) -> finished TokenTrace
+    _engine: tuple = field(default=(), repr=False)
+
+    def load(self) -> tuple[Any, Generator]:
+        if self._engine:
+            return self._engine
+        try:
+            from transformers import AutoTokenizer
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise UserError(f"--policy tokens needs transformers ({exc}); run `make env`") from None
+        if self.generator == "server":
+            from tbhpc.serve.endpoint import read_endpoint
+            if self.endpoint:
+                ep = read_endpoint(self.endpoint, wait_s=0)
+                base_url, model, path = ep.base_url, ep.model, self.model_path or ep.model_path
+            elif self.base_url:
+                base_url, model, path = self.base_url.rstrip("/").removesuffix("/v1"), self.served_model, self.model_path
+            else:
+                raise UserError("--policy tokens generator=server needs endpoint=RUN_DIR or base_url=http://host:port")
+            gen: Generator = ServerGenerator(base_url, model)
+        elif self.generator == "local":
+            from tbhpc.policy.hf import HFPolicy
+            path = self.model_path
+            _, model_obj = HFPolicy(model_path=path, threads=self.threads)._load()
+            gen = None  # set below once the tokenizer is known
+        else:
+            raise UserError(f"--policy tokens: generator must be server or local, got {self.generator!r}")
+        if not path:
+            raise UserError("--policy tokens: model_path (tokenizer + chat template) is required")
+        tok = AutoTokenizer.from_pretrained(path)
+        if gen is None:
+            gen = LocalGenerator(model_obj, tok.eos_token_id, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+        self._engine = (tok, gen)
+        return self._engine
+
+    def sampling(self, max_tokens: int) -> Sampling:
+        return Sampling(self.temperature, self.top_k, self.top_p, max_tokens)
+
+    def session(self, task: Task, seed: int = 0) -> "TokenSession":
+        tok, gen = self.load()
+        s = TokenSession(self, task.id, seed, TokenTrace(tok), gen)
+        self.traces[(task.id, seed)] = s.trace
+        return s
+
+    def pop_trace(self, task_id: str, seed: int) -> TokenTrace:
+        return self.traces.pop((task_id, seed))
+
+
+@dataclass
+class TokenSession:
+    policy: TokenPolicy
+    task_id: str
+    seed: int
+    trace: TokenTrace
+    gen: Generator
+    turn: int = 0
+
+    def complete(self, messages: list[dict], tools: list[dict]) -> Completion:
+        p, tr = self.policy, self.trace
+        prompt = tr.prompt(messages, tools)
+        left = p.response_budget - tr.generated
+        if left <= 0:
+            return Completion("", finish_reason="response_budget")
+        if p.max_context and len(prompt) >= p.max_context:
+            return Completion("", finish_reason="context_limit")
+        cap = min(p.max_tokens, left) if not p.max_context else min(p.max_tokens, left, p.max_context - len(prompt))
+        g = self.gen.generate(prompt, p.sampling(cap), seed=(p.seed * 1_000_003 + self.seed) * 1009 + self.turn)
+        self.turn += 1
+        tr.add_generation(g.token_ids, g.logprobs, g.version)
+        text = tr.tokenizer.decode(g.token_ids, skip_special_tokens=True)
+        return Completion(text, Usage(input_tokens=len(prompt), output_tokens=len(g.token_ids)))

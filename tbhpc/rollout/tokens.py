@@ -1,0 +1,119 @@
+"""Token-exact episode traces: the ids the policy generated, kept as generated, plus the ids of
+every observation in between, appended as deltas with loss mask 0.
+
+Why never re-tokenise: decoding generated ids and encoding the text again does not give the same
+ids (a model may emit a non-canonical split, or half a UTF-8 character), and training on
+re-tokenised history scores tokens the policy never sampled.
+
+How an observation becomes a delta: render a fixed stand-in conversation that ends with an
+assistant turn (BASE), render BASE + the new tool/user messages with the generation prompt, and
+keep what the second adds (the chat-template prefix property makes that well defined). The
+tokens the template puts after an assistant's end-of-turn (e.g. a newline) are the "glue".
+`verify` checks the whole trace against a fresh rendering of the episode and raises
+`TemplatePrefixError` when a template breaks the prefix property (e.g. one that drops earlier
+turns' reasoning), instead of training on a history the model never sees at inference.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tbhpc.errors import TbhpcError
+
+BASE = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
+
+
+class TemplatePrefixError(TbhpcError):
+    """The chat template does not render an episode as a prefix-stable token stream."""
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    from tbhpc.policy.hf import template_messages as tm
+    return tm(messages)
+
+
+def _first_diff(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+@dataclass
+class TokenTrace:
+    tokenizer: Any
+    tokens: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turn_versions: list[str] = field(default_factory=list)
+    raw_turns: list[str] = field(default_factory=list)      # each generation decoded, end-of-turn token excluded
+    n_messages: int = 0                                      # messages seen at the last prompt
+    tools: list[dict] | None = None                          # tool schemas the first prompt was rendered with
+    generated: int = 0
+
+    def __post_init__(self) -> None:
+        tok = self.tokenizer
+        self.eos = tok.eos_token_id
+        self.base_ids = self._render(BASE, None, add_generation_prompt=False)
+        if self.eos not in self.base_ids:
+            raise TemplatePrefixError(f"chat template never emits the end-of-turn token {tok.eos_token!r} after an assistant turn")
+        last = len(self.base_ids) - 1 - self.base_ids[::-1].index(self.eos)
+        self.glue = self.base_ids[last + 1:]
+
+    def _render(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> list[int]:
+        out = self.tokenizer.apply_chat_template(template_messages(messages), tools=tools or None,
+                                                 add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False)
+        return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+
+    def _append(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
+        self.tokens += ids
+        self.loss_mask += [mask] * len(ids)
+        self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+
+    def prompt(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        """The ids to generate from, given the whole message history so far."""
+        if not self.tokens:
+            self.tools = tools or None
+            self._append(self._render(messages, tools, add_generation_prompt=True), 0)
+        else:
+            if self.n_messages >= len(messages) or messages[self.n_messages]["role"] != "assistant":
+                raise TemplatePrefixError("token trace: history must grow by the assistant turn, then observations")
+            new = messages[self.n_messages + 1:]
+            full = self._render(BASE + new, None, add_generation_prompt=True)
+            if full[:len(self.base_ids)] != self.base_ids:
+                raise TemplatePrefixError("chat template renders earlier turns differently once new messages follow "
+                                          f"(roles {[m['role'] for m in new]}): not prefix-stable")
+            close = [] if self.tokens[-1] == self.eos else [self.eos]   # a turn cut by the token cap gets its end-of-turn
+            self._append(close + self.glue + full[len(self.base_ids):], 0)
+        self.n_messages = len(messages)
+        return list(self.tokens)
+
+    def add_generation(self, token_ids: list[int], logprobs: list[float], version: str) -> str:
+        """Record one generation; returns its raw text (special tokens kept, end-of-turn dropped)."""
+        self._append(list(token_ids), 1, list(logprobs))
+        self.generated += len(token_ids)
+        self.turn_versions.append(version)
+        body = token_ids[:-1] if token_ids and token_ids[-1] == self.eos else token_ids
+        raw = self.tokenizer.decode(body, skip_special_tokens=False)
+        self.raw_turns.append(raw)
+        return raw
+
+    def verify(self, messages: list[dict]) -> None:
+        """Re-render the episode (assistant turns as generated) and check that the stored tokens
+        decode to a prefix of it; raise TemplatePrefixError at the first differing character."""
+        n_asst = sum(m["role"] == "assistant" for m in messages[:self.n_messages])
+        ends_with_prompt = len(self.raw_turns) == n_asst          # e.g. stopped by the response budget
+        upto = self.n_messages if ends_with_prompt else self.n_messages + 1
+        raw_msgs, gi = [], 0
+        for m in messages[:upto]:
+            if m["role"] == "assistant":
+                raw_msgs.append({"role": "assistant", "content": self.raw_turns[gi]})
+                gi += 1
+            else:
+                raw_msgs.append(m)
+        text = self.tokenizer.apply_chat_template(template_messages(raw_msgs), tools=self.tools, tokenize=False,
+                                                  add_generation_prompt=ends_with_prompt)
+        stored = self.tokenizer.decode(self.tokens, skip_special_tokens=False)
+        if not text.startswith(stored):
+            i = _first_diff(stored, text)
+            raise TemplatePrefixError(f"chat template is not prefix-stable: re-rendering the episode differs from the stored "
+                                      f"tokens at character {i}: stored {stored[max(0, i - 30):i + 30]!r}, "
+                                      f"template {text[max(0, i - 30):i + 30]!r}")

@@ -1,0 +1,56 @@
+"""What a policy server runs: model, parallelism, parsers, where vLLM lives, and how weight syncs
+are applied. One dataclass, loaded from YAML (jobs/serve.yaml) with key=value overrides."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tbhpc.launch.options import SlurmOptions
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def default_vllm_python() -> str:
+    """The serving environment's interpreter: $TBHPC_VLLM_PYTHON, else the project's .venv-vllm."""
+    return os.environ.get("TBHPC_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
+
+
+@dataclass
+class ServeConfig:
+    model: str = ""                      # HF directory (or a checkpoint dir written by the trainer)
+    served_model_name: str = "policy"
+    host: str = "127.0.0.1"              # bind address; Slurm jobs bind 0.0.0.0 and publish the node name
+    port: int = 0                        # 0: pick a free port
+    device: str = "auto"                 # auto | cpu | cuda (auto: cuda when the vLLM env is the GPU build)
+    dtype: str = "auto"
+    max_model_len: int = 8192
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.85
+    kv_cache_gb: int = 2                 # CPU only: VLLM_CPU_KVCACHE_SPACE
+    cpu_threads: int = 0                 # CPU only: OMP threads for the engine (0: vLLM decides)
+    reasoning_parser: str = ""           # e.g. qwen3
+    tool_call_parser: str = ""           # e.g. hermes; enables auto tool choice
+    logprobs_mode: str = "raw_logprobs"  # behaviour logprobs as the model computes them (before sampling filters)
+    enforce_eager: bool = False
+    extra_args: list[str] = field(default_factory=list)
+    python: str = field(default_factory=default_vllm_python)
+    ready_timeout_s: float = 900.0
+    # weight sync: "reload" swaps weights inside the running server (vLLM's reload_weights over its
+    # dev-mode RPC); "restart" stops it and starts a new one on the checkpoint (always works).
+    sync_mode: str = "reload"
+    pause_mode: str = "wait"             # in-flight requests during a reload: wait | keep | abort
+    poll_s: float = 1.0                  # how often the supervisor looks for a new checkpoint
+    slurm: SlurmOptions = field(default_factory=lambda: SlurmOptions(time="24:00:00", mem="16G", cpus_per_task=4))
+
+    def validate(self, source: str = "serve config") -> None:
+        from tbhpc.errors import UserError
+        if not self.model:
+            raise UserError(f"{source}: field 'model' is required (an HF model directory)")
+        if self.sync_mode not in ("reload", "restart"):
+            raise UserError(f"{source}: field 'sync_mode' must be reload or restart, got {self.sync_mode!r}")
+        if self.pause_mode not in ("wait", "keep", "abort"):
+            raise UserError(f"{source}: field 'pause_mode' must be wait, keep or abort, got {self.pause_mode!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise UserError(f"{source}: field 'device' must be auto, cpu or cuda, got {self.device!r}")

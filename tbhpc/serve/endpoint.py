@@ -1,0 +1,70 @@
+"""`RUN/endpoint.json`: where the policy server of a run listens and which weights it serves.
+
+Written atomically by the supervisor once `/health` passes (and again after each weight sync),
+removed when it stops. Clients (the `openai`/`tokens` policies, rollout workers on other nodes)
+read it instead of being told a host and port: a Slurm job learns its node only when it starts.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tbhpc.errors import UserError
+
+FILENAME = "endpoint.json"
+
+
+@dataclass
+class Endpoint:
+    host: str
+    port: int
+    model: str              # served model name (what requests put in "model")
+    version: str            # weight version served ("base" until the first sync)
+    model_path: str = ""    # weights the server started from (tokenizer and chat template live there)
+    pid: int = 0
+    job_id: str = ""
+    started_at: float = 0.0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def openai_url(self) -> str:
+        return self.base_url + "/v1"
+
+
+def endpoint_path(run_dir: Path | str) -> Path:
+    p = Path(run_dir)
+    return p if p.name == FILENAME else p / FILENAME
+
+
+def write_endpoint(run_dir: Path | str, ep: Endpoint) -> Path:
+    path = endpoint_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    tmp.write_text(json.dumps(asdict(ep), indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_endpoint(run_dir: Path | str, wait_s: float = 0.0) -> Endpoint:
+    """The endpoint of a run (a run directory or an endpoint.json path); waits up to `wait_s`."""
+    path = endpoint_path(run_dir)
+    deadline = time.monotonic() + wait_s
+    while not path.exists():
+        if time.monotonic() >= deadline:
+            raise UserError(f"{path}: no endpoint file (is `tbhpc serve` running for this run?)")
+        time.sleep(0.5)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return Endpoint(**data)
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"{path}: not a valid endpoint file ({exc})") from None
+
+
+def remove_endpoint(run_dir: Path | str) -> None:
+    endpoint_path(run_dir).unlink(missing_ok=True)

@@ -1,0 +1,133 @@
+"""One vLLM server process: start it in its own environment, wait for `/health`, talk to its admin
+routes (weight reload, version, pause/resume), stop it by PID.
+
+Everything goes through a subprocess and HTTP (stdlib only): the trainer's environment never
+imports vLLM. The process runs in its own process group so a stop takes its engine workers with it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tbhpc.errors import EndpointError, UserError
+from tbhpc.serve.command import vllm_argv, vllm_env
+from tbhpc.serve.config import ServeConfig
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 30.0, method: str | None = None) -> Any:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw.strip() else None
+
+
+@dataclass
+class VLLMServer:
+    cfg: ServeConfig
+    model: str
+    log_path: Path
+    port: int = 0
+    connect_host: str = "127.0.0.1"          # where this process reaches the server
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+    started_at: float = 0.0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.connect_host}:{self.port}"
+
+    def start(self) -> "VLLMServer":
+        if not Path(self.cfg.python).exists():
+            raise UserError(f"serve: vLLM python {self.cfg.python!r} not found; run `make env-vllm` "
+                            "(or set python=/path/to/vllm-env/bin/python)")
+        self.port = self.port or free_port(self.cfg.host if self.cfg.host != "0.0.0.0" else "127.0.0.1")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.started_at = time.time()
+        self.proc = subprocess.Popen(vllm_argv(self.cfg, self.model, self.port), env=vllm_env(self.cfg, dict(os.environ)),
+                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        return self
+
+    def wait_ready(self, timeout_s: float | None = None) -> float:
+        """Block until /health answers 200; returns seconds since start. A server that exits
+        first raises with the tail of its log."""
+        deadline = time.monotonic() + (timeout_s or self.cfg.ready_timeout_s)
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise EndpointError(f"vLLM server exited with code {self.proc.returncode} before it was ready; "
+                                 f"log tail:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return time.time() - self.started_at
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise EndpointError(f"vLLM server not ready after {timeout_s or self.cfg.ready_timeout_s:.0f} s; "
+                         f"log tail:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM to the server's process group, SIGKILL after `grace_s`."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pgid = os.getpgid(self.proc.pid)
+        os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(pgid, signal.SIGKILL)
+            self.proc.wait()
+        try:  # engine workers left in the group
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    # --- admin routes (vLLM dev mode) -------------------------------------------------------
+    def weight_version(self) -> str:
+        return http_json(self.base_url + "/weight_info")["weight_version"]
+
+    def models(self) -> list[dict]:
+        return http_json(self.base_url + "/v1/models")["data"]
+
+    def set_version(self, version: str) -> None:
+        http_json(self.base_url + "/update_weight_version", {"new_version": version})
+
+    def reload(self, weights_path: str, version: str) -> None:
+        """vLLM's own in-place reload: pause (in-flight requests per pause_mode), load the new
+        safetensors into the running engine, drop the prefix cache (its KV came from the old
+        weights), set the version, resume."""
+        http_json(f"{self.base_url}/pause?mode={self.cfg.pause_mode}", {}, timeout=600)
+        try:
+            http_json(self.base_url + "/collective_rpc",
+                      {"method": "reload_weights", "kwargs": {"weights_path": str(weights_path)}}, timeout=1800)
+            http_json(self.base_url + "/reset_prefix_cache", {}, timeout=60)
+            self.set_version(version)
+        finally:
+            http_json(self.base_url + "/resume", {}, timeout=60)

@@ -1,0 +1,1 @@
+"""Code that runs inside the vLLM server process (its own environment): stdlib + what vLLM ships."""
