@@ -4,21 +4,32 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: env test demo bench clean tasks slurm-up slurm-down
+.PHONY: env env-vllm test demo bench clean tasks slurm-up slurm-down
 
 NODES   ?= 3
 SLURM_STATE ?= /tmp/tbhpc-slurm
 
 env: $(STAMP)
 
+# The serving environment (vLLM, its own pins): see env/setup-vllm.sh.
+VLLM_VENV  ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+env-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml env/setup-vllm.sh
+	PY=$(PY) VENV=$(VLLM_VENV) bash env/setup-vllm.sh
+	touch $(VLLM_STAMP)
+
 # env/setup.sh: torch first (the CPU wheel on disk), then the project with its pinned extras.
 $(STAMP): pyproject.toml env/setup.sh
 	PY=$(PY) VENV=$(VENV) bash env/setup.sh
 	touch $(STAMP)
 
-# The suite runs against a real 3-node Slurm cluster that this target starts and stops by PID.
-test: env
-	NODES=$(NODES) STATE=$(SLURM_STATE) bash slurm/local/with-cluster.sh $(VPY) -m pytest -q
+# The suite runs against a real 3-node Slurm cluster that this target starts and stops by PID,
+# and a real vLLM (CPU) server that its tests start and stop by PID (tests/test_vllm.py).
+test: env env-vllm
+	TBHPC_REQUIRE_VLLM=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python NODES=$(NODES) STATE=$(SLURM_STATE) \
+	  bash slurm/local/with-cluster.sh $(VPY) -m pytest -q
 
 demo: env
 	$(VENV)/bin/tbhpc demo --config jobs/demo.yaml
@@ -41,4 +52,4 @@ slurm-down:
 	STATE=$(SLURM_STATE) bash slurm/local/down.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache build *.egg-info

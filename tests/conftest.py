@@ -76,3 +76,17 @@ def stub_llm():
     yield make
     for s in servers:
         s.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A tiny Qwen3-architecture model with the project's trained tokenizer (random weights)."""
+    from tbhpc.policy.tiny import build_tiny_model
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen3"), arch="qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir_b(tmp_path_factory):
+    """The same architecture and tokenizer with other weights: what a weight sync publishes."""
+    from tbhpc.policy.tiny import build_tiny_model
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen3-b"), arch="qwen3", seed=1)

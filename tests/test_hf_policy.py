@@ -16,11 +16,6 @@ from tbhpc.policy.tiny import build_tiny_model
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen3"), arch="qwen3")
-
-
 def test_hf_policy_runs_a_graded_episode(tiny_dir, tasks_by_id):
     task = dataclasses.replace(tasks_by_id["retail-order_status-000"], max_user_turns=2)
     policy = make_policy("hf", model_path=str(tiny_dir), max_new_tokens=12, seed=3)

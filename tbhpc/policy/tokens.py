@@ -24,6 +24,9 @@ from tbhpc.rollout.tokens import TokenTrace
 from tbhpc.tasks.schema import Task
 
 
+MAX_KEPT_TRACES = 256
+
+
 @dataclass
 class TokenPolicy:
     model_path: str = ""
@@ -83,6 +86,8 @@ class TokenPolicy:
         tok, gen = self.load()
         s = TokenSession(self, task.id, seed, TokenTrace(tok), gen)
         self.traces[(task.id, seed)] = s.trace
+        while len(self.traces) > MAX_KEPT_TRACES:   # a campaign never pops them: keep the newest only
+            self.traces.pop(next(iter(self.traces)))
         return s
 
     def pop_trace(self, task_id: str, seed: int) -> TokenTrace:

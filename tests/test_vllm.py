@@ -1,0 +1,185 @@
+"""The policy server for real: vLLM (CPU build, its own environment .venv-vllm) on a real port,
+started by `tbhpc serve` as a Slurm job on the local cluster (and, for the restart test, as a
+local subprocess), serving a tiny Qwen3-architecture model built here.
+
+`make test` creates .venv-vllm and sets TBHPC_REQUIRE_VLLM=1, so these tests fail, never skip,
+in CI; a plain `pytest` without the vLLM environment skips them. The model has random weights:
+rewards are 0, and the tests prove the serving path (campaigns graded through the server,
+token-exact rollouts, logprob agreement, weight sync), not skill.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tbhpc.domains import get_domain
+from tbhpc.env.users import ScriptedUser
+from tbhpc.policy import make_policy
+from tbhpc.policy.generation import Sampling, ServerGenerator, recompute_logprobs
+from tbhpc.rollout.collect import collect_group
+from tbhpc.serve.checkpoints import publish_checkpoint, read_syncs
+from tbhpc.serve.config import default_vllm_python
+from tbhpc.serve.endpoint import read_endpoint
+
+pytestmark = pytest.mark.slow
+SERVE_OPTS = ["device=cpu", "kv_cache_gb=1", "max_model_len=8192", "tool_call_parser=hermes", "poll_s=0.2"]
+LOGPROB_ATOL = 1e-2   # vLLM-CPU vs transformers, both fp32; measured max 3.7e-3, mean 8e-4 (README)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def vllm_env():
+    if not Path(default_vllm_python()).exists():
+        if os.environ.get("TBHPC_REQUIRE_VLLM"):
+            pytest.fail(f"TBHPC_REQUIRE_VLLM is set but {default_vllm_python()} does not exist (make env-vllm)")
+        pytest.skip("no vLLM environment (run `make env-vllm`)")
+
+
+def _wait_endpoint(run: Path, proc_alive, timeout=600):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (run / "endpoint.json").exists():
+            return read_endpoint(run)
+        assert proc_alive(), f"server exited before publishing its endpoint; see {run}/logs"
+        time.sleep(1)
+    pytest.fail(f"no endpoint.json after {timeout} s; see {run}/logs")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _squeue_state(job: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, tiny_dir):
+    """`tbhpc serve --executor slurm`: a Slurm job supervising vLLM; scancel stops it."""
+    if not os.environ.get("SLURM_CONF") or not shutil.which("sbatch"):
+        if os.environ.get("TBHPC_REQUIRE_SLURM"):
+            pytest.fail("TBHPC_REQUIRE_SLURM is set but no cluster is configured (SLURM_CONF)")
+        pytest.skip("no Slurm cluster (run `make slurm-up` and source its env.sh)")
+    run = tmp_path_factory.mktemp("serve-run")
+    out = subprocess.run([sys.executable, "-m", "tbhpc.cli", "serve", str(run), "--executor", "slurm", f"model={tiny_dir}",
+                          *SERVE_OPTS, "slurm={cpus_per_task: 1, mem: null, time: '00:30:00'}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.split()[3].rstrip(";")
+    try:
+        ep = _wait_endpoint(run, lambda: _squeue_state(job) in ("PENDING", "RUNNING", "CONFIGURING"))
+        yield run, ep, job
+    finally:
+        subprocess.run(["scancel", job])
+    deadline = time.monotonic() + 60
+    while _squeue_state(job) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not (run / "endpoint.json").exists(), "the job's end did not remove endpoint.json"
+    assert not _pid_alive(ep.pid), "the vLLM server outlived its Slurm job"
+
+
+def _models(ep) -> list[dict]:
+    with urllib.request.urlopen(ep.openai_url + "/models", timeout=10) as r:
+        return json.loads(r.read())["data"]
+
+
+def test_server_job_publishes_its_endpoint(served):
+    run, ep, job = served
+    assert ep.model == "policy" and ep.version == "base" and ep.job_id == job and _pid_alive(ep.pid)
+    assert [(m["id"], m["weight_version"]) for m in _models(ep)] == [("policy", "base")]
+
+
+def _campaign(run: Path, kind: str, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tbhpc.cli", kind, "--out", str(run), "limit=4", "repeats=2",
+                           "workers=2", *overrides], capture_output=True, text=True, timeout=600)
+
+
+def test_probe_and_eval_campaigns_are_graded_through_the_server(served, tmp_path, tiny_dir):
+    run, ep, _ = served
+    ev = _campaign(tmp_path / "eval", "eval", "policy=openai",
+                   f"policy_opts={{endpoint: {run}, sampling: {{max_tokens: 16}}}}")
+    pr = _campaign(tmp_path / "probe", "probe", "policy=tokens",
+                   f"policy_opts={{endpoint: {run}, max_tokens: 16, response_budget: 48}}")
+    for res, name in ((ev, "eval"), (pr, "probe")):
+        assert res.returncode == 0, res.stdout + res.stderr
+        con = duckdb.connect(str(tmp_path / name / "results.duckdb"), read_only=True)
+        rows = con.execute("SELECT status, reward, agent_turns, finish_reason FROM attempts").fetchall()
+        usage = con.execute("SELECT sum(agent_out) FROM attempts").fetchone()[0]
+        con.close()
+        assert len(rows) == 8 and all(s == "ok" and r in (0.0, 1.0) and t >= 1 for s, r, t, _ in rows), rows
+        assert usage > 0                       # tokens really came from the server
+    assert {r[3] for r in rows} <= {"response_budget", "user_limit", "done", "end_turn_tool", "agent_limit"}
+
+
+def test_server_tokens_and_logprobs_match_the_model_in_process(served, tiny_dir, tasks_by_id):
+    run, _, _ = served
+    policy = make_policy("tokens", endpoint=str(run), max_tokens=24, response_budget=120)
+    task = tasks_by_id["retail-order_status-000"]
+    rolls = collect_group(task, get_domain("retail"), policy, ScriptedUser(), None, group=0, n=2)   # verifies the prefix
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    for r in rolls:
+        ep = r.episode
+        mask = ep.loss_mask[1:].astype(bool)
+        lp = np.array(recompute_logprobs(model, ep.tokens.tolist(), 1))[mask]
+        diff = np.abs(lp - ep.logprobs[1:][mask])
+        assert mask.sum() > 20 and diff.max() < LOGPROB_ATOL, (diff.max(), diff.mean())
+        assert r.versions and set(r.versions) == {"base"} and ep.policy_version == 0
+
+
+def test_weight_sync_changes_outputs_and_reported_version(served, tiny_dir_b):
+    run, ep, _ = served
+    gen = ServerGenerator(ep.base_url, ep.model)
+    prompt = AutoTokenizer.from_pretrained(tiny_dir_b).encode("Please check the status of order 1042.")
+    before = gen.generate(prompt, Sampling(max_tokens=12), seed=7)
+    assert before.version == "base"
+    model_b = AutoModelForCausalLM.from_pretrained(tiny_dir_b)
+    publish_checkpoint(run, 1, model_b, AutoTokenizer.from_pretrained(tiny_dir_b))
+    deadline = time.monotonic() + 120
+    while read_endpoint(run).version != "step-000001":
+        assert time.monotonic() < deadline, "server did not pick up checkpoint step 1"
+        time.sleep(0.2)
+    assert [m["weight_version"] for m in _models(ep)] == ["step-000001"]
+    after = gen.generate(prompt, Sampling(max_tokens=12), seed=7)
+    assert after.version == "step-000001" and after.token_ids != before.token_ids
+    lp_b = np.array(recompute_logprobs(model_b, prompt + after.token_ids, len(prompt)))
+    assert np.abs(lp_b - after.logprobs).max() < LOGPROB_ATOL          # the new weights generated it
+    sync = read_syncs(run)
+    assert [(s["version"], s["mode"]) for s in sync] == [("step-000001", "reload")] and 0 < sync[0]["sync_s"] < 60
+
+
+def test_restart_sync_on_a_local_server(tmp_path, tiny_dir, tiny_dir_b):
+    """sync_mode=restart (the fallback when a loader cannot reload in place), local subprocess."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "tbhpc.cli", "serve", str(run), f"model={tiny_dir}", *SERVE_OPTS,
+                             "cpu_threads=1", "sync_mode=restart"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        ep = _wait_endpoint(run, lambda: proc.poll() is None)
+        publish_checkpoint(run, 3, AutoModelForCausalLM.from_pretrained(tiny_dir_b))
+        deadline = time.monotonic() + 600
+        while read_endpoint(run).version != "step-000003":
+            assert time.monotonic() < deadline and proc.poll() is None, "restart sync did not complete"
+            time.sleep(0.5)
+        new = read_endpoint(run)
+        assert new.port == ep.port and new.pid != ep.pid and not _pid_alive(ep.pid)
+        assert [m["weight_version"] for m in _models(new)] == ["step-000003"]
+        assert Path(new.model_path).name == "step-000003"
+        sync = read_syncs(run)
+        assert sync[0]["mode"] == "restart" and sync[0]["sync_s"] > 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert not (run / "endpoint.json").exists() and not _pid_alive(new.pid)
