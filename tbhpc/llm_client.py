@@ -59,26 +59,34 @@ class ChatEndpoint:
         """POST a chat completion; return (choice message dict, usage)."""
         body = {"model": self.model, "messages": messages, **self.sampling, **overrides}
         body = {k: v for k, v in body.items() if v is not None}
-        data = json.dumps(body).encode("utf-8")
         url = self.base_url.rstrip("/") + "/chat/completions"
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            req = urllib.request.Request(url, data=data, method="POST", headers={
-                "Content-Type": "application/json", "Authorization": f"Bearer {self.api_key}"})
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    payload = json.loads(resp.read().decode("utf-8"))
-                choice = payload["choices"][0]["message"]
-                return choice, Usage.from_openai(payload.get("usage"))
-            except urllib.error.HTTPError as exc:
-                last = exc
-                if exc.code not in RETRY_STATUS:
-                    detail = exc.read().decode("utf-8", "replace")[:300]
-                    raise EndpointError(f"{url} answered HTTP {exc.code}: {detail}") from None
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-                last = exc
-            except (KeyError, IndexError, ValueError) as exc:
-                raise EndpointError(f"{url} returned an unexpected payload", exc) from None
-            if attempt < self.retries:
-                time.sleep(self.backoff_s * (2 ** attempt))
-        raise EndpointError(f"{url} failed after {self.retries + 1} attempts", last)
+        payload = post_json(url, body, self.timeout_s, self.retries, self.backoff_s, {"Authorization": f"Bearer {self.api_key}"})
+        try:
+            return payload["choices"][0]["message"], Usage.from_openai(payload.get("usage"))
+        except (KeyError, IndexError, TypeError) as exc:
+            raise EndpointError(f"{url} returned an unexpected payload", exc) from None
+
+
+def post_json(url: str, body: dict, timeout_s: float, retries: int, backoff_s: float,
+              headers: dict[str, str] | None = None) -> Any:
+    """POST JSON, retrying transient failures (connection errors, 408/429/5xx, e.g. a server
+    restarting for a weight sync) with exponential backoff; anything else raises EndpointError."""
+    data = json.dumps(body).encode("utf-8")
+    last: Exception | None = None
+    for attempt in range(retries + 1):
+        req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+                return json.loads(resp.read().decode("utf-8"))
+        except urllib.error.HTTPError as exc:
+            last = exc
+            if exc.code not in RETRY_STATUS:
+                detail = exc.read().decode("utf-8", "replace")[:300]
+                raise EndpointError(f"{url} answered HTTP {exc.code}: {detail}") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+            last = exc
+        except ValueError as exc:
+            raise EndpointError(f"{url} returned an unexpected payload", exc) from None
+        if attempt < retries:
+            time.sleep(backoff_s * (2 ** attempt))
+    raise EndpointError(f"{url} failed after {retries + 1} attempts", last)

@@ -1,6 +1,5 @@
 """The serve room without a server: the vLLM command line and the Slurm job script (golden), the
 endpoint file, the checkpoint-publication protocol, and config errors."""
-import json
 import os
 from pathlib import Path
 

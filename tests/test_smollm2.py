@@ -22,7 +22,6 @@ def smollm2(tmp_path_factory):
 
 
 def test_smollm2_token_exact_episode(smollm2, tasks_by_id):
-    from transformers import AutoModelForCausalLM
     assert (smollm2 / "model.safetensors").stat().st_size > 400e6 and export_smollm2(smollm2) == smollm2  # idempotent
     task = dataclasses.replace(tasks_by_id["retail-order_status-000"], max_user_turns=1)
     policy = make_policy("tokens", generator="local", model_path=str(smollm2), max_tokens=24, seed=0, threads=2)

@@ -10,15 +10,12 @@ apart. Default sampling is the published one: temperature 1.0, top-k 20, top-p 0
 """
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tbhpc.errors import EndpointError
-from tbhpc.llm_client import RETRY_STATUS
+from tbhpc.llm_client import post_json
 
 
 @dataclass
@@ -69,21 +66,7 @@ class ServerGenerator:
         return Generation(ids, lps, choice.get("finish_reason") or "stop", version, time.monotonic() - t0)
 
     def _post(self, route: str, body: dict) -> Any:
-        data, url, last = json.dumps(body).encode(), self.base_url.rstrip("/") + route, None
-        for attempt in range(self.retries + 1):
-            req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    return json.loads(resp.read())
-            except urllib.error.HTTPError as exc:
-                last = exc
-                if exc.code not in RETRY_STATUS:
-                    raise EndpointError(f"{url} answered HTTP {exc.code}: {exc.read().decode('utf-8', 'replace')[:300]}") from None
-            except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
-                last = exc   # e.g. a server restarting for a weight sync: retry with backoff
-            if attempt < self.retries:
-                time.sleep(self.backoff_s * (2 ** attempt))
-        raise EndpointError(f"{url} failed after {self.retries + 1} attempts", last)
+        return post_json(self.base_url.rstrip("/") + route, body, self.timeout_s, self.retries, self.backoff_s)
 
 
 @dataclass

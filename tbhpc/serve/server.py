@@ -65,11 +65,14 @@ class VLLMServer:
         log.close()
         return self
 
-    def wait_ready(self, timeout_s: float | None = None) -> float:
+    def wait_ready(self, timeout_s: float | None = None, should_stop=lambda: False) -> float:
         """Block until /health answers 200; returns seconds since start. A server that exits
-        first raises with the tail of its log."""
+        first raises with the tail of its log; `should_stop()` (a signal arrived) stops it."""
         deadline = time.monotonic() + (timeout_s or self.cfg.ready_timeout_s)
         while time.monotonic() < deadline:
+            if should_stop():
+                self.stop()
+                raise EndpointError("vLLM server stopped before it was ready (signal)")
             if self.proc is not None and self.proc.poll() is not None:
                 raise EndpointError(f"vLLM server exited with code {self.proc.returncode} before it was ready; "
                                  f"log tail:\n{self.log_tail()}")

@@ -56,7 +56,7 @@ class Supervisor:
         self.server = VLLMServer(self.cfg, model, self.run / "logs" / "vllm-server.log")
         self.server.start()
         self.log(f"serve: starting vLLM ({self.cfg.device}) on {model} port {self.server.port} (pid {self.server.proc.pid})")
-        ready = self.server.wait_ready()
+        ready = self.server.wait_ready(should_stop=self.stop_event.is_set)
         self.server.set_version(version)
         self.endpoint = Endpoint(self.publish_host(), self.server.port, self.cfg.served_model_name, version,
                                  model_path=str(Path(model).resolve()), pid=self.server.proc.pid,
@@ -84,7 +84,7 @@ class Supervisor:
             port = self.server.port
             self.server.stop()
             self.server = VLLMServer(self.cfg, str(pub.path), self.server.log_path, port=port).start()
-            self.server.wait_ready()
+            self.server.wait_ready(should_stop=self.stop_event.is_set)
             self.server.set_version(pub.version)
             self.endpoint.pid, self.endpoint.model_path = self.server.proc.pid, str(pub.path)
         served = self.server.weight_version()
