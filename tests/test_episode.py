@@ -1,4 +1,5 @@
 """The episode loop: finish reasons, system errors, simulated users and judges."""
+import dataclasses
 import json
 
 import pytest
@@ -175,3 +176,18 @@ def test_judge_endpoint_failure_is_a_system_error(pack_tasks, stub_llm):
     server = stub_llm(lambda body: (502, {"error": "bad gateway"}))
     r = _run(t, OraclePolicy(), judge=LLMJudge(ChatEndpoint(server.url, "judge", retries=1, backoff_s=0.01)))
     assert r.status == "system_error" and r.reward is None and r.error_kind == "endpoint" and len(server.requests) == 2
+
+
+def test_openai_policy_response_budget_and_endpoint_file(tasks_by_id, stub_llm, tmp_path):
+    from tbhpc.campaign.config import CampaignConfig
+    from tbhpc.serve.endpoint import Endpoint, write_endpoint
+    server = stub_llm(lambda body: (200, {"choices": [{"message": {"role": "assistant", "content": "What is your email?"}}],
+                                          "usage": {"prompt_tokens": 50, "completion_tokens": body["max_tokens"]}}))
+    port = int(server.url.split(":")[-1].split("/")[0])
+    write_endpoint(tmp_path, Endpoint("127.0.0.1", port, "policy", "step-000012"))
+    t = dataclasses.replace(tasks_by_id["retail-order_status-000"], max_user_turns=10)
+    r = _run(t, OpenAIPolicy(endpoint=str(tmp_path), response_budget=25, sampling={"max_tokens": 10}))
+    assert r.finish_reason == "response_budget" and r.status == "ok" and r.reward == 0.0
+    assert [b["max_tokens"] for b in server.requests] == [10, 10, 5] and all(b["model"] == "policy" for b in server.requests)
+    cfg = CampaignConfig(policy="openai", policy_opts={"endpoint": str(tmp_path)})
+    assert cfg.resolved_policy_id.startswith("openai:policy@step-000012:")   # results name the served weights

@@ -62,6 +62,10 @@ class CampaignConfig:
         if not self.policy_opts:
             return self.policy
         label = self.policy_opts.get("model") or Path(str(self.policy_opts.get("model_path", ""))).name
+        if self.policy_opts.get("endpoint"):   # a served policy: name the weights it serves now
+            from tbhpc.serve.endpoint import read_endpoint
+            ep = read_endpoint(self.policy_opts["endpoint"])
+            label = f"{ep.model}@{ep.version}"
         digest = hashlib.sha256(json.dumps(self.policy_opts, sort_keys=True).encode()).hexdigest()[:8]
         return f"{self.policy}:{label}:{digest}" if label else f"{self.policy}:{digest}"
 

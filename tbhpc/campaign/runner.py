@@ -46,7 +46,10 @@ def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict]]:
         if run.config_hash() != chash:
             old = yaml.safe_load(run.config_file.read_text(encoding="utf-8")) or {}
             diffs = [k for k, v in cfg.identity().items() if old.get(k, v) != v and k != "policy_id"]
-            what = f"field {diffs[0]!r} differs" if diffs else "the task pack changed"
+            old_pid, new_pid = run.campaign().get("policy_id"), cfg.resolved_policy_id
+            what = (f"field {diffs[0]!r} differs" if diffs else
+                    f"policy {old_pid!r} is now {new_pid!r} (the served weights changed?)" if old_pid != new_pid else
+                    "the task pack changed")
             raise UserError(f"{run.path}: holds a different campaign ({what}); use a new --out directory")
         return run, rows
     campaign = {"campaign": cfg.name, "kind": cfg.kind, "policy_id": cfg.resolved_policy_id, "config_hash": chash,

@@ -26,6 +26,7 @@ class OpenAIPolicy:
     base_url: str = "http://127.0.0.1:8000/v1"
     model: str = "default"
     endpoint: str = ""                  # a run dir / endpoint.json: overrides base_url and model
+    response_budget: int = 0            # completion tokens per episode (0: no budget); max_tokens caps each turn
     sampling: dict[str, Any] = field(default_factory=dict)
     send_tools: bool = True
     timeout_s: float = 600.0
@@ -49,10 +50,18 @@ class OpenAIPolicy:
 class _OpenAISession:
     policy: OpenAIPolicy
     seed: int
+    used: int = 0
 
     def complete(self, messages: list[dict], tools: list[dict]) -> Completion:
-        extra: dict[str, Any] = {"tools": tools} if (self.policy.send_tools and tools) else {}
-        msg, usage = self.policy.chat.chat(chat_messages(messages), seed=self.seed, **extra)
+        p = self.policy
+        extra: dict[str, Any] = {"tools": tools} if (p.send_tools and tools) else {}
+        if p.response_budget:
+            left = p.response_budget - self.used
+            if left <= 0:
+                return Completion("", finish_reason="response_budget")
+            extra["max_tokens"] = min(left, p.chat.sampling.get("max_tokens") or left)
+        msg, usage = p.chat.chat(chat_messages(messages), seed=self.seed, **extra)
+        self.used += usage.output_tokens
         return Completion(message_to_text(msg), usage)
 
 
