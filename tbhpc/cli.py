@@ -60,9 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_agent_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", default="oracle", help="oracle | noop | openai | hf")
+    p.add_argument("--policy", default="oracle", help="oracle | noop | openai | hf | tokens")
     p.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="policy option, e.g. base_url=http://127.0.0.1:8000/v1, model=NAME, model_path=DIR")
+                   help="policy option, e.g. endpoint=RUN_DIR, base_url=http://127.0.0.1:8000/v1, model=NAME, model_path=DIR")
     p.add_argument("--user", choices=("scripted", "openai"), default="scripted")
     p.add_argument("--user-url"), p.add_argument("--user-model", default="default")
     p.add_argument("--judge", choices=("keyword", "openai"), default="keyword")
