@@ -42,7 +42,7 @@ def baseline(model_dir: Path, ps: list[list[int]], sampling: Sampling, threads: 
     torch.set_num_threads(threads)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval().to(device)
-    gen = LocalGenerator(model, tok.eos_token_id, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    gen = LocalGenerator.for_tokenizer(model, tok)
     t0, n = time.monotonic(), 0
     for i, p in enumerate(ps):
         n += len(gen.generate(p, sampling, seed=i).token_ids)

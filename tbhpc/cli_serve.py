@@ -33,8 +33,7 @@ def run(args) -> int:
         from tbhpc.serve.command import vllm_argv, vllm_env
         from tbhpc.serve.supervisor import resolve_device
         r = resolve_device(cfg)
-        env = {k: v for k, v in vllm_env(r).items()}
-        print(" ".join(f"{k}={v}" for k, v in sorted(env.items())) + " \\\n  " + " ".join(vllm_argv(r, cfg.model, cfg.port or 8000)))
+        print(" ".join(f"{k}={v}" for k, v in sorted(vllm_env(r).items())) + " \\\n  " + " ".join(vllm_argv(r, cfg.model, cfg.port or 8000)))
         return 0
     from tbhpc.serve.supervisor import Supervisor
     return Supervisor(run_dir, cfg, log=lambda m: print(m, flush=True)).run_forever()

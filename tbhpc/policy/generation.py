@@ -78,6 +78,10 @@ class LocalGenerator:
     pad_token_id: int = 0
     version: str = "base"
 
+    @classmethod
+    def for_tokenizer(cls, model: Any, tok: Any) -> "LocalGenerator":
+        return cls(model, tok.eos_token_id, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+
     def generate(self, prompt_ids: list[int], sampling: Sampling, seed: int) -> Generation:
         import torch
 

@@ -48,36 +48,33 @@ class TokenPolicy:
     _engine: tuple = field(default=(), repr=False)
 
     def load(self) -> tuple[Any, Generator]:
-        if self._engine:
-            return self._engine
+        if not self._engine:
+            if self.generator not in ("server", "local"):
+                raise UserError(f"--policy tokens: generator must be server or local, got {self.generator!r}")
+            self._engine = self._server_engine() if self.generator == "server" else self._local_engine()
+        return self._engine
+
+    def _server_engine(self) -> tuple[Any, Generator]:
+        from tbhpc.serve.endpoint import read_endpoint
+        if self.endpoint:
+            ep = read_endpoint(self.endpoint)
+            base_url, model, path = ep.base_url, ep.model, self.model_path or ep.model_path
+        elif self.base_url:
+            base_url, model, path = self.base_url.rstrip("/").removesuffix("/v1"), self.served_model, self.model_path
+        else:
+            raise UserError("--policy tokens generator=server needs endpoint=RUN_DIR or base_url=http://host:port")
+        if not path:
+            raise UserError("--policy tokens: model_path (tokenizer + chat template) is required")
         try:
             from transformers import AutoTokenizer
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise UserError(f"--policy tokens needs transformers ({exc}); run `make env`") from None
-        if self.generator == "server":
-            from tbhpc.serve.endpoint import read_endpoint
-            if self.endpoint:
-                ep = read_endpoint(self.endpoint, wait_s=0)
-                base_url, model, path = ep.base_url, ep.model, self.model_path or ep.model_path
-            elif self.base_url:
-                base_url, model, path = self.base_url.rstrip("/").removesuffix("/v1"), self.served_model, self.model_path
-            else:
-                raise UserError("--policy tokens generator=server needs endpoint=RUN_DIR or base_url=http://host:port")
-            gen: Generator = ServerGenerator(base_url, model)
-        elif self.generator == "local":
-            from tbhpc.policy.hf import HFPolicy
-            path = self.model_path
-            _, model_obj = HFPolicy(model_path=path, threads=self.threads)._load()
-            gen = None  # set below once the tokenizer is known
-        else:
-            raise UserError(f"--policy tokens: generator must be server or local, got {self.generator!r}")
-        if not path:
-            raise UserError("--policy tokens: model_path (tokenizer + chat template) is required")
-        tok = AutoTokenizer.from_pretrained(path)
-        if gen is None:
-            gen = LocalGenerator(model_obj, tok.eos_token_id, tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-        self._engine = (tok, gen)
-        return self._engine
+        return AutoTokenizer.from_pretrained(path), ServerGenerator(base_url, model)
+
+    def _local_engine(self) -> tuple[Any, Generator]:
+        from tbhpc.policy.hf import HFPolicy
+        tok, model = HFPolicy(model_path=self.model_path, threads=self.threads)._load()
+        return tok, LocalGenerator.for_tokenizer(model, tok)
 
     def sampling(self, max_tokens: int) -> Sampling:
         return Sampling(self.temperature, self.top_k, self.top_p, max_tokens)
