@@ -87,8 +87,9 @@ class TokenPolicy:
             self.traces.pop(next(iter(self.traces)))
         return s
 
-    def pop_trace(self, task_id: str, seed: int) -> TokenTrace:
-        return self.traces.pop((task_id, seed))
+    def pop_trace(self, task_id: str, seed: int) -> TokenTrace | None:
+        """The trace of an episode; None if it never opened a session (e.g. its backend failed first)."""
+        return self.traces.pop((task_id, seed), None)
 
 
 @dataclass
