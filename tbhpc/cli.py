@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_results.add_parsers(sub)
     from tbhpc import cli_serve
     cli_serve.add_parsers(sub)
+    cli_serve.add_check_parser(sub)
 
     demo = sub.add_parser("demo", help="evaluate the bundled pack with the built-in policies")
     demo.add_argument("--config", type=Path, default=None, help="YAML config (see jobs/demo.yaml)")
@@ -93,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "serve":
             from tbhpc import cli_serve
             return cli_serve.run(args)
+        if args.cmd == "serve-check":
+            from tbhpc import cli_serve
+            return cli_serve.run_check(args)
         if args.cmd == "demo":
             from tbhpc import demo
             return demo.run(args)

@@ -57,3 +57,29 @@ def _submit(cfg, run_dir: Path, dry_run: bool) -> int:
         raise UserError(f"sbatch {script}: {out.stderr.strip()}")
     print(f"submitted serve job {out.stdout.strip().split(';')[0]}; it writes {run_dir / 'endpoint.json'} when ready")
     return 0
+
+
+def add_check_parser(sub) -> None:
+    p = sub.add_parser("serve-check", help="verify a server computes the weights it claims (fingerprint probe)")
+    p.add_argument("run", nargs="?", type=Path, help="run directory of `tbhpc serve` (endpoint.json, checkpoint markers)")
+    p.add_argument("--url", help="a vLLM server you run yourself (http://host:port), instead of RUN")
+    p.add_argument("--model", default="", help="served model name (default: the first of /v1/models)")
+    p.add_argument("--checkpoint", type=Path,
+                   help="the HF directory it should serve (fingerprinted here on the CPU); default: the run's marker")
+    p.add_argument("--tol", type=float, default=0.0, help="mean |Δ logprob| allowed (default: by dtype)")
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def run_check(args) -> int:
+    """Print served version, probe error, PASS/FAIL; exit 0 on a match, 1 on a mismatch."""
+    import json
+
+    from tbhpc.serve.verify import check_endpoint
+    if bool(args.run) == bool(args.url):
+        raise UserError("serve-check: give either RUN or --url")
+    check, source = check_endpoint(run=args.run, url=args.url, model=args.model, checkpoint=args.checkpoint, tol=args.tol)
+    if args.format == "json":
+        print(json.dumps({**check.to_json(), "fingerprint": source}))
+    else:
+        print(f"{check.summary()} [fingerprint: {source}]")
+    return 0 if check.passed else 1

@@ -68,9 +68,12 @@ def test_checkpoint_publication(tmp_path, tiny_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_dir)
     p2 = publish_checkpoint(tmp_path, 2, model)
     assert (p2.path / "model.safetensors").exists() and p2.version == "step-000002"
-    (tmp_path / "checkpoints" / "step-000009").mkdir()             # written but not marked: invisible
+    model.save_pretrained(tmp_path / "checkpoints" / "step-000009")  # written but not marked: invisible
     (tmp_path / "checkpoints" / "step-000010.ready").write_text("{")  # half-written marker: skipped
     assert latest_ready(tmp_path).step == 2
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="empty: cannot load the checkpoint to fingerprint it"):
+        mark_ready(tmp_path, 11, tmp_path / "empty")                    # nothing to fingerprint: no marker
     mark_ready(tmp_path, 9, tmp_path / "checkpoints" / "step-000009")
     assert latest_ready(tmp_path).step == 9 and not list((tmp_path / "checkpoints").glob(".tmp-*"))
     assert version_step("step-000009") == 9 and version_step("base") == 0

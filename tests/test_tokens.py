@@ -104,3 +104,19 @@ def test_collect_group_to_hdf5(tiny_dir, tasks_by_id, tmp_path):
     assert back.tokens.tolist() == rolls[2].episode.tokens.tolist() and back.group == 7
     assert back.finish_reason == rolls[2].result.finish_reason and back.policy_version == 0
     assert len({tuple(r.episode.tokens.tolist()) for r in rolls}) == 3   # seeds differ per attempt
+
+
+def test_samples_from_unverified_weights_are_never_training_rows(tiny_dir, tasks_by_id):
+    """Tokens tagged with a version the server did not verify (during a sync's check, or after a
+    refused one) raise instead of becoming buffer rows; a verified step is kept with its number."""
+    from tbhpc.rollout.collect import UntrustedWeights
+    task = _task(tasks_by_id, user_turns=1)
+    policy = make_policy("tokens", generator="local", model_path=str(tiny_dir), max_tokens=8)
+    gen = policy.load()[1]
+    gen.version = "step-000004"
+    assert {r.episode.policy_version for r in collect_group(task, get_domain("retail"), policy, ScriptedUser(), None,
+                                                            group=0, n=2)} == {4}
+    for bad in ("rejected:step-000005", "unverified:step-000005"):
+        gen.version = bad
+        with pytest.raises(UntrustedWeights, match=f"did not verify \\({bad}\\)"):
+            collect_group(task, get_domain("retail"), policy, ScriptedUser(), None, group=0, n=1)

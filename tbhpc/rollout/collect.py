@@ -3,17 +3,23 @@ turn each into a buffer `Episode` (tokens, loss mask, behaviour logprobs, reward
 
 Rules from the recipe: a system error (backend, tool timeout, endpoint) is re-run, never scored
 as 0; an episode whose turns came from different weight versions keeps the oldest one as its
-`policy_version` (so the trainer can tell how stale it is) and says so in `versions`.
+`policy_version` (so the trainer can tell how stale it is) and says so in `versions`; an episode
+any of whose tokens came from weights the server did not verify raises `UntrustedWeights`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from tbhpc.env.episode import EpisodeResult, run_episode
-from tbhpc.errors import InfraError
+from tbhpc.errors import EndpointError, InfraError
 from tbhpc.policy.tokens import TokenPolicy
 from tbhpc.rollout.buffer import Episode
-from tbhpc.serve.supervisor import version_step
+from tbhpc.serve.checkpoints import trusted_version, version_step
+
+
+class UntrustedWeights(EndpointError):
+    """Tokens generated under a version that is not `base` or a verified `step-N`
+    (`unverified:…` during a sync's check, `rejected:…` after a failed one, `unknown`)."""
 
 
 @dataclass
@@ -40,7 +46,11 @@ def collect_group(task, domain, policy: TokenPolicy, user, judge, group: int, n:
             seed += 1_000_000   # a fresh sample, same attempt slot
         if verify and policy.check_prefix:
             trace.verify(res.messages)
-        steps = [version_step(v.removeprefix("mixed:").split(",")[0]) for v in trace.turn_versions] or [0]
+        versions = [v for turn in trace.turn_versions for v in turn.removeprefix("mixed:").split(",")]
+        if untrusted := sorted({v for v in versions if not trusted_version(v)}):
+            raise UntrustedWeights(f"task {task.id} attempt {i}: sampled by weights the server did not verify "
+                                   f"({', '.join(untrusted)}); never used for training")
+        steps = [version_step(v) for v in versions] or [0]
         ep = Episode(trace.tokens, trace.loss_mask, trace.logprobs, group=group, reward=float(res.reward),
                      task_id=task.id, attempt_key=f"{task.id}#{i}", finish_reason=res.finish_reason,
                      policy_version=min(steps))

@@ -3,10 +3,14 @@
 Protocol (both sides import only this module):
 1. the trainer writes an HF checkpoint (safetensors + config + tokenizer) to
    `RUN/checkpoints/.tmp-step-NNNNNN/` and renames it to `step-NNNNNN/` (a directory is whole or absent);
-2. it then writes the marker `step-NNNNNN.ready` (JSON: step, path, published_at);
-3. the server's supervisor sees the newest marker, loads those weights, and reports version
-   `step-NNNNNN` (endpoint.json, `/v1/models`, and on every generated token span).
-Each sync is timed and appended to `RUN/logs/weight_sync.jsonl`.
+2. it then writes the marker `step-NNNNNN.ready` (JSON: step, path, published_at, and the
+   checkpoint's fingerprint: a fixed probe and its own logprobs on it, see `fingerprint.py`);
+3. the server's supervisor sees the newest marker, loads those weights under the provisional
+   version `unverified:step-NNNNNN`, scores the probe through the server, and only when it
+   matches announces `step-NNNNNN` (endpoint.json, `/v1/models`, every generated token span);
+   a mismatch leaves `rejected:step-NNNNNN` there instead.
+Each sync is timed and appended to `RUN/logs/weight_sync.jsonl` with the check's figures.
+Samples tagged with anything but `base` or `step-N` are never trained on (`trusted_version`).
 Why files and not NCCL: it works across jobs, partitions and restarts, survives either side
 being requeued, and is what the published stack does; an NCCL broadcast can replace step 1-2
 later behind the same `publish_checkpoint` call.
@@ -21,11 +25,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tbhpc.serve.fingerprint import Fingerprint, compute_fingerprint, fingerprint_dir
+
 CKPT_DIR = "checkpoints"
+BASE_VERSION = "base"
+UNVERIFIED = "unverified:"      # loaded, not yet checked against its fingerprint
+REJECTED = "rejected:"          # loaded, and its fingerprint did not match: never announced
 
 
 def version_name(step: int) -> str:
     return f"step-{step:06d}"
+
+
+def trusted_version(version: str) -> bool:
+    """True for versions a trainer may learn from: the base weights or a verified step."""
+    return version == BASE_VERSION or (version.startswith("step-") and version[5:].isdigit())
+
+
+def version_step(version: str) -> int:
+    """'step-000012' -> 12; the base model -> 0 (the integer rollout buffers store). Anything
+    else (unverified, rejected, unknown) is not a step and raises ValueError."""
+    if not trusted_version(version):
+        raise ValueError(f"weight version {version!r} is not a verified step")
+    return 0 if version == BASE_VERSION else int(version[5:])
 
 
 @dataclass(frozen=True)
@@ -33,14 +55,18 @@ class Published:
     step: int
     path: Path
     published_at: float
+    fingerprint: dict | None = None     # Fingerprint.to_json(), None when the publisher stored none
 
     @property
     def version(self) -> str:
         return version_name(self.step)
 
 
-def publish_checkpoint(run_dir: Path | str, step: int, model: Any, tokenizer: Any = None) -> Published:
-    """Save `model` (and tokenizer) with save_pretrained as safetensors, then mark it ready."""
+def publish_checkpoint(run_dir: Path | str, step: int, model: Any, tokenizer: Any = None,
+                       fingerprint: Fingerprint | None = None) -> Published:
+    """Save `model` (and tokenizer) with save_pretrained as safetensors, fingerprint it (one forward
+    pass on the probe, unless the caller computed `fingerprint` itself), then mark it ready."""
+    fp = fingerprint or compute_fingerprint(model, tokenizer)
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / version_name(step)
@@ -52,34 +78,45 @@ def publish_checkpoint(run_dir: Path | str, step: int, model: Any, tokenizer: An
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    return mark_ready(run_dir, step, final)
+    return mark_ready(run_dir, step, final, fp)
 
 
-def mark_ready(run_dir: Path | str, step: int, path: Path | str) -> Published:
-    """Step 2 alone, for a checkpoint directory written by other code (e.g. DeepSpeed's consolidation)."""
+def mark_ready(run_dir: Path | str, step: int, path: Path | str, fingerprint: Fingerprint | None = None) -> Published:
+    """Step 2 alone, for a checkpoint directory written by other code (e.g. DeepSpeed's
+    consolidation). Without `fingerprint`, one is computed from the directory (loaded on the CPU)."""
+    fp = fingerprint or fingerprint_dir(str(path))
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
-    pub = Published(step, Path(path).resolve(), time.time())
+    pub = Published(step, Path(path).resolve(), time.time(), fp.to_json())
     marker = root / f"{version_name(step)}.ready"
     tmp = marker.with_name(f".tmp-{marker.name}")
-    tmp.write_text(json.dumps({"step": step, "path": str(pub.path), "published_at": pub.published_at}) + "\n")
+    tmp.write_text(json.dumps({"step": step, "path": str(pub.path), "published_at": pub.published_at,
+                               "fingerprint": pub.fingerprint}) + "\n")
     os.replace(tmp, marker)
     return pub
 
 
 def latest_ready(run_dir: Path | str) -> Published | None:
     """The newest published checkpoint (highest step with a marker), or None."""
-    root = Path(run_dir) / CKPT_DIR
     best: Published | None = None
-    for marker in root.glob("step-*.ready"):
-        try:
-            d = json.loads(marker.read_text())
-            pub = Published(int(d["step"]), Path(d["path"]), float(d["published_at"]))
-        except (ValueError, KeyError, OSError):
-            continue   # half-visible marker on a slow shared FS: picked up next poll
-        if best is None or pub.step > best.step:
+    for marker in (Path(run_dir) / CKPT_DIR).glob("step-*.ready"):
+        pub = _read_marker(marker)
+        if pub is not None and (best is None or pub.step > best.step):
             best = pub
     return best
+
+
+def published(run_dir: Path | str, step: int) -> Published | None:
+    """The marker of one step, or None."""
+    return _read_marker(Path(run_dir) / CKPT_DIR / f"{version_name(step)}.ready")
+
+
+def _read_marker(marker: Path) -> Published | None:
+    try:
+        d = json.loads(marker.read_text())
+        return Published(int(d["step"]), Path(d["path"]), float(d["published_at"]), d.get("fingerprint"))
+    except (ValueError, KeyError, OSError):
+        return None   # absent, or half-visible on a slow shared FS: picked up next poll
 
 
 def record_sync(run_dir: Path | str, entry: dict) -> None:

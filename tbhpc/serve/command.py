@@ -14,6 +14,7 @@ from tbhpc.serve.config import ServeConfig
 
 EXT_DIR = Path(__file__).resolve().parent / "vllm_ext"
 VERSION_MIDDLEWARE = "tbhpc_vllm_ext.report_weight_version"
+WORKER_EXTENSION = "tbhpc_vllm_worker.WeightSync"     # exact in-place reloads, kernel-path report
 
 
 def vllm_argv(cfg: ServeConfig, model: str, port: int, host: str | None = None) -> list[str]:
@@ -26,6 +27,7 @@ def vllm_argv(cfg: ServeConfig, model: str, port: int, host: str | None = None) 
             "--logprobs-mode", cfg.logprobs_mode,
             "--enable-scale-out",                      # /inference/v1/generate: token ids in, token ids + logprobs out
             "--middleware", VERSION_MIDDLEWARE,        # /v1/models reports the weight version
+            "--worker-extension-cls", WORKER_EXTENSION,
             "--disable-uvicorn-access-log"]
     if cfg.device != "cpu":
         argv += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]

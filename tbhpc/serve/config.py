@@ -37,9 +37,16 @@ class ServeConfig:
     extra_args: list[str] = field(default_factory=list)
     python: str = field(default_factory=default_vllm_python)
     ready_timeout_s: float = 900.0
-    # weight sync: "reload" swaps weights inside the running server (vLLM's reload_weights over its
-    # dev-mode RPC); "restart" stops it and starts a new one on the checkpoint (always works).
+    # weight sync: "reload" swaps weights inside the running server; "restart" stops it and starts
+    # a new one on the checkpoint (exact by construction, a full start's time).
     sync_mode: str = "reload"
+    # how a reload loads: "tbhpc" = vLLM's reload_weights, then the CPU kernel copies it leaves
+    # stale are re-packed (exact on every path, see serve/vllm_ext/tbhpc_vllm_worker.py);
+    # "vllm" = vLLM's reload_weights alone (inexact on CPUs whose kernels pack weights; kept
+    # to measure against). Either way the check below catches what is not exact.
+    reload_method: str = "tbhpc"
+    verify: bool = True                  # score each checkpoint's fingerprint through the server before announcing it
+    verify_tol: float = 0.0              # mean |Δ logprob| allowed; 0: by dtype (serve/fingerprint.py TOLERANCE)
     pause_mode: str = "wait"             # in-flight requests during a reload: wait | keep | abort
     poll_s: float = 1.0                  # how often the supervisor looks for a new checkpoint
     slurm: SlurmOptions = field(default_factory=lambda: SlurmOptions(time="24:00:00", mem="16G", cpus_per_task=4))
@@ -50,6 +57,10 @@ class ServeConfig:
             raise UserError(f"{source}: field 'model' is required (an HF model directory)")
         if self.sync_mode not in ("reload", "restart"):
             raise UserError(f"{source}: field 'sync_mode' must be reload or restart, got {self.sync_mode!r}")
+        if self.reload_method not in ("tbhpc", "vllm"):
+            raise UserError(f"{source}: field 'reload_method' must be tbhpc or vllm, got {self.reload_method!r}")
+        if self.verify_tol < 0:
+            raise UserError(f"{source}: field 'verify_tol' must be >= 0, got {self.verify_tol!r}")
         if self.pause_mode not in ("wait", "keep", "abort"):
             raise UserError(f"{source}: field 'pause_mode' must be wait, keep or abort, got {self.pause_mode!r}")
         if self.device not in ("auto", "cpu", "cuda"):

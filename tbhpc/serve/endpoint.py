@@ -68,3 +68,23 @@ def read_endpoint(run_dir: Path | str, wait_s: float = 0.0) -> Endpoint:
 
 def remove_endpoint(run_dir: Path | str) -> None:
     endpoint_path(run_dir).unlink(missing_ok=True)
+
+
+def wait_for_version(run_dir: Path | str, version: str, timeout_s: float = 600.0, poll_s: float = 0.2) -> Endpoint:
+    """Block until the run's server announces `version` (a verified sync) and return its endpoint.
+    A server that refused it (`rejected:<version>`, the check failed) raises at once with the
+    check's figures; so does a timeout. What a trainer calls before sampling from new weights."""
+    from tbhpc.errors import EndpointError
+    from tbhpc.serve.checkpoints import REJECTED, read_syncs
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ep = read_endpoint(run_dir, wait_s=max(0.0, deadline - time.monotonic()))
+        if ep.version == version:
+            return ep
+        if ep.version == REJECTED + version:
+            last = next((s for s in reversed(read_syncs(Path(endpoint_path(run_dir)).parent))
+                         if s.get("version") == version), {})
+            raise EndpointError(f"the server refused weights {version}: {last.get('error', 'fingerprint mismatch')}")
+        if time.monotonic() >= deadline:
+            raise EndpointError(f"the server did not announce {version} within {timeout_s:.0f} s (it says {ep.version})")
+        time.sleep(poll_s)

@@ -122,15 +122,47 @@ class VLLMServer:
     def set_version(self, version: str) -> None:
         http_json(self.base_url + "/update_weight_version", {"new_version": version})
 
-    def reload(self, weights_path: str, version: str) -> None:
-        """vLLM's own in-place reload: pause (in-flight requests per pause_mode), load the new
-        safetensors into the running engine, drop the prefix cache (its KV came from the old
-        weights), set the version, resume."""
+    def rpc(self, method: str, timeout: float = 60, **kwargs: str) -> list:
+        """collective_rpc on every worker (dev mode); one result per worker."""
+        out = http_json(self.base_url + "/collective_rpc", {"method": method, "kwargs": kwargs}, timeout=timeout)
+        return (out or {}).get("results") or []
+
+    def kernel_report(self) -> dict:
+        """Which GEMM path the linear layers took and the dtype the engine computes in
+        (`tbhpc_vllm_worker.WeightSync`): the machine class a sync result depends on."""
+        return merge_reports(self.rpc("tbhpc_kernel_paths"))
+
+    def reload(self, weights_path: str, version: str, method: str = "tbhpc") -> dict:
+        """In-place reload: pause (in-flight requests per pause_mode), load the new safetensors
+        into the running engine (`tbhpc`: vLLM's reload, then re-pack every kernel copy the reload
+        left stale; `vllm`: vLLM's reload alone), drop the prefix cache (its KV came from the old
+        weights), set the version, resume. Returns the workers' merged report."""
         http_json(f"{self.base_url}/pause?mode={self.cfg.pause_mode}", {}, timeout=600)
         try:
-            http_json(self.base_url + "/collective_rpc",
-                      {"method": "reload_weights", "kwargs": {"weights_path": str(weights_path)}}, timeout=1800)
+            if method == "tbhpc":
+                report = merge_reports(self.rpc("tbhpc_reload", timeout=1800, weights_path=str(weights_path)))
+            else:
+                self.rpc("reload_weights", timeout=1800, weights_path=str(weights_path))
+                report = {}
             http_json(self.base_url + "/reset_prefix_cache", {}, timeout=60)
             self.set_version(version)
         finally:
             http_json(self.base_url + "/resume", {}, timeout=60)
+        return report
+
+
+def merge_reports(results: list) -> dict:
+    """Per-worker reports of the vLLM worker extension -> one (paths summed, layer lists joined)."""
+    merged: dict = {"paths": {}, "dtype": "", "refreshed": [], "stale": []}
+    for r in results:
+        if not isinstance(r, dict):
+            continue
+        for k, n in (r.get("paths") or {}).items():
+            merged["paths"][k] = merged["paths"].get(k, 0) + int(n)
+        merged["dtype"] = merged["dtype"] or r.get("dtype", "")
+        merged["refreshed"] += r.get("refreshed") or []
+        merged["stale"] += r.get("stale") or []
+        for k in ("reload_s", "refresh_s"):
+            if k in r:
+                merged[k] = max(merged.get(k, 0.0), float(r[k]))
+    return merged

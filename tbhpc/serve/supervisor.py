@@ -1,10 +1,15 @@
-"""`tbhpc serve RUN`: keep one policy server alive for a run and apply weight syncs.
+"""`tbhpc serve RUN`: keep one policy server alive for a run and apply weight syncs, each one verified.
 
 The loop: start vLLM on the newest published checkpoint (or the base model), wait for `/health`,
-publish `RUN/endpoint.json`; then poll `RUN/checkpoints/` and, for each newer ready marker,
-reload the weights in place (or restart on them), confirm the version the server reports, time
-the sync and append it to `RUN/logs/weight_sync.jsonl`. SIGTERM/SIGINT (Slurm ending the job,
-Ctrl-C) stop the server by PID and remove the endpoint file.
+publish `RUN/endpoint.json`; then poll `RUN/checkpoints/` and, for each newer ready marker:
+1. load it in place (`tbhpc_reload`: vLLM's reload + re-packing of CPU kernel copies) or, with
+   `sync_mode=restart`, start a fresh server on it; the server says `unverified:step-N` meanwhile;
+2. score the checkpoint's fingerprint through the server; a reload that does not match is retried
+   as a restart (exact by construction), and a restart that does not match either is refused:
+   the server then says `rejected:step-N`, endpoint.json too, and nothing is announced;
+3. only a match announces `step-N`. Every sync (timings, kernel paths, the check's figures) is
+   appended to `RUN/logs/weight_sync.jsonl`.
+SIGTERM/SIGINT (Slurm ending the job, Ctrl-C) stop the server by PID and remove the endpoint file.
 """
 from __future__ import annotations
 
@@ -12,29 +17,31 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
 from tbhpc.errors import EndpointError
-from tbhpc.serve.checkpoints import Published, latest_ready, record_sync
+from tbhpc.serve.checkpoints import (BASE_VERSION, REJECTED, UNVERIFIED, Published, latest_ready, record_sync,
+                                     version_step)
 from tbhpc.serve.config import ServeConfig
 from tbhpc.serve.endpoint import Endpoint, remove_endpoint, write_endpoint
+from tbhpc.serve.fingerprint import Check, Fingerprint, check_server, default_tol, distance, served_logprobs
 from tbhpc.serve.server import VLLMServer
 
-BASE_VERSION = "base"
-
-
-def version_step(version: str) -> int:
-    """'step-000012' -> 12; the base model -> 0 (the integer rollout buffers store)."""
-    return int(version.rsplit("-", 1)[1]) if version.startswith("step-") else 0
+__all__ = ["Supervisor", "version_step", "BASE_VERSION"]
 
 
 def resolve_device(cfg: ServeConfig) -> ServeConfig:
     if cfg.device != "auto":
         return cfg
     return replace(cfg, device="cuda" if shutil.which("nvidia-smi") else "cpu")
+
+
+class SyncRefused(Exception):
+    """The served weights do not match the checkpoint's fingerprint (or it has none)."""
 
 
 class Supervisor:
@@ -45,25 +52,54 @@ class Supervisor:
         self.server: VLLMServer | None = None
         self.endpoint: Endpoint | None = None
         self.current: Published | None = None
+        self.kernels: dict = {}
+        self._last_check: Check | None = None
 
     def publish_host(self) -> str:
         return socket.gethostname() if self.cfg.host in ("0.0.0.0", "::") else self.cfg.host
 
     def start(self) -> Endpoint:
         pub = latest_ready(self.run)
-        model, version = (str(pub.path), pub.version) if pub else (self.cfg.model, BASE_VERSION)
+        model = str(pub.path) if pub else self.cfg.model
         self.current = pub
-        self.server = VLLMServer(self.cfg, model, self.run / "logs" / "vllm-server.log")
-        self.server.start()
-        self.log(f"serve: starting vLLM ({self.cfg.device}) on {model} port {self.server.port} (pid {self.server.proc.pid})")
-        ready = self.server.wait_ready(should_stop=self.stop_event.is_set)
-        self.server.set_version(version)
-        self.endpoint = Endpoint(self.publish_host(), self.server.port, self.cfg.served_model_name, version,
+        self._launch(model, port=0)
+        self.endpoint = Endpoint(self.publish_host(), self.server.port, self.cfg.served_model_name, BASE_VERSION,
                                  model_path=str(Path(model).resolve()), pid=self.server.proc.pid,
                                  job_id=_job_id(), started_at=self.server.started_at)
-        write_endpoint(self.run, self.endpoint)
-        self.log(f"serve: ready in {ready:.1f} s at {self.endpoint.openai_url} serving {version}")
+        ready = time.time() - self.server.started_at
+        if pub is None:
+            self._announce(BASE_VERSION)
+        else:   # a restarted serve job resumes on the newest checkpoint: verified like any sync
+            self.server.set_version(UNVERIFIED + pub.version)
+            try:
+                check = self.verify(pub)
+                self._announce(pub.version)
+            except SyncRefused as exc:
+                check = None
+                self._refuse(pub, str(exc), {"mode": "start", "kernels": self.kernels})
+            if check is not None:
+                self.log(f"serve: {check.summary()}")
+        self.log(f"serve: ready in {ready:.1f} s at {self.endpoint.openai_url} serving {self.endpoint.version} "
+                 f"(kernels {_paths(self.kernels)})")
         return self.endpoint
+
+    def _launch(self, model: str, port: int) -> None:
+        self.server = VLLMServer(self.cfg, model, self.run / "logs" / "vllm-server.log", port=port).start()
+        self.log(f"serve: starting vLLM ({self.cfg.device}) on {model} port {self.server.port} (pid {self.server.proc.pid})")
+        self.server.wait_ready(should_stop=self.stop_event.is_set)
+        try:
+            self.kernels = self.server.kernel_report()
+        except Exception as exc:   # a server without the worker extension: verification still works
+            self.kernels = {"error": f"{type(exc).__name__}: {exc}"}
+        try:   # the first request of a fresh engine pays its one-off set-up (~2 s here): not the check
+            served_logprobs(self.server.base_url, self.cfg.served_model_name, [0, 1, 2, 3])
+        except EndpointError as exc:
+            self.log(f"serve: warm-up request failed ({exc})")
+
+    def _announce(self, version: str) -> None:
+        self.server.set_version(version)
+        self.endpoint.version = version
+        write_endpoint(self.run, self.endpoint)
 
     def sync_if_new(self) -> dict | None:
         pub = latest_ready(self.run)
@@ -73,32 +109,95 @@ class Supervisor:
 
     def sync(self, pub: Published) -> dict:
         assert self.server is not None and self.endpoint is not None
-        t0, mode = time.time(), self.cfg.sync_mode
+        t0, mode, entry = time.time(), self.cfg.sync_mode, {"attempts": []}
+        previous, self.current = self.current, pub
+        provisional = UNVERIFIED + pub.version
+        check: Check | None = None
         if mode == "reload":
             try:
-                self.server.reload(str(pub.path), pub.version)
-            except Exception as exc:  # a loader without in-place reload: fall back, say so
+                report = self.server.reload(str(pub.path), provisional, self.cfg.reload_method)
+                entry["reload"] = {k: report[k] for k in ("refreshed", "reload_s", "refresh_s") if k in report}
+                check = self.verify(pub)
+            except SyncRefused as exc:
+                entry["attempts"].append({"mode": "reload", "error": str(exc)})
+                self.log(f"serve: in-place reload of {pub.version} does not serve the published weights ({exc}); "
+                         "restarting on the checkpoint")
+                mode = "restart"
+            except Exception as exc:  # a loader without in-place reload, stale kernel copies: fall back, say so
+                entry["attempts"].append({"mode": "reload", "error": f"{type(exc).__name__}: {exc}"})
                 self.log(f"serve: in-place reload failed ({type(exc).__name__}: {exc}); restarting instead")
                 mode = "restart"
         if mode == "restart":
-            port = self.server.port
             self.server.stop()
-            self.server = VLLMServer(self.cfg, str(pub.path), self.server.log_path, port=port).start()
-            self.server.wait_ready(should_stop=self.stop_event.is_set)
-            self.server.set_version(pub.version)
+            self._launch(str(pub.path), port=self.endpoint.port)
             self.endpoint.pid, self.endpoint.model_path = self.server.proc.pid, str(pub.path)
+            self.server.set_version(provisional)
+            try:
+                check = self.verify(pub)
+            except SyncRefused as exc:
+                entry.update(mode=mode, sync_s=round(time.time() - t0, 4))
+                return self._refuse(pub, str(exc), entry)
         served = self.server.weight_version()
-        if served != pub.version:
+        if served != provisional:
             raise EndpointError(f"weight sync: server reports {served!r} after loading {pub.version!r}")
+        self._announce(pub.version)
         done = time.time()
-        self.current, self.endpoint.version = pub, pub.version
-        write_endpoint(self.run, self.endpoint)
-        entry = {"version": pub.version, "step": pub.step, "mode": mode, "sync_s": round(done - t0, 4),
-                 "lag_s": round(done - pub.published_at, 4), "published_at": pub.published_at, "served_at": done,
-                 "path": str(pub.path)}
+        entry.update({"version": pub.version, "step": pub.step, "mode": mode, "sync_s": round(done - t0, 4),
+                      "lag_s": round(done - pub.published_at, 4), "published_at": pub.published_at,
+                      "served_at": done, "path": str(pub.path), "kernels": self.kernels})
+        entry.update(check.to_json() if check else {"verified": None})
+        entry.update(self._step_delta(pub, previous))
         record_sync(self.run, entry)
-        self.log(f"serve: now serving {pub.version} ({mode} {entry['sync_s']:.2f} s, {entry['lag_s']:.2f} s after publish)")
+        how = f"verified: mean |Δlogprob| {check.mean_err:.1e}" if check else "NOT verified (verify=false)"
+        self.log(f"serve: now serving {pub.version} ({mode} {entry['sync_s']:.2f} s, {entry['lag_s']:.2f} s after "
+                 f"publish; {how})")
         return entry
+
+    def verify(self, pub: Published) -> Check | None:
+        """Score the checkpoint's fingerprint through the server; raise SyncRefused on a mismatch."""
+        if not self.cfg.verify:
+            return None
+        if not pub.fingerprint:
+            raise SyncRefused(f"{pub.version} has no fingerprint in its ready marker (publish with "
+                              "publish_checkpoint or mark_ready, or serve with verify=false)")
+        try:
+            fp = Fingerprint.from_json(pub.fingerprint)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SyncRefused(f"{pub.version}: unreadable fingerprint ({exc})") from None
+        tol = self.cfg.verify_tol or max(default_tol(fp.dtype), default_tol(self.kernels.get("dtype")))
+        check = check_server(self.server.base_url, self.cfg.served_model_name, fp, self.server.weight_version(), tol)
+        self._last_check = check
+        if not check.passed:
+            raise SyncRefused(check.summary())
+        return check
+
+    def _refuse(self, pub: Published, reason: str, entry: dict) -> dict:
+        """Leave `rejected:step-N` on the server and in endpoint.json; record why, loudly."""
+        version = REJECTED + pub.version
+        self._announce(version)
+        last, self._last_check = self._last_check, None
+        entry.update({"version": pub.version, "step": pub.step, "verified": False, "served_as": version,
+                      "error": reason, "published_at": pub.published_at, "path": str(pub.path),
+                      "kernels": self.kernels})
+        if last is not None:
+            entry.update({k: v for k, v in last.to_json().items() if k != "verified"})
+        record_sync(self.run, entry)
+        msg = f"serve: ERROR: weight sync to {pub.version} REFUSED: {reason}; the server says {version}"
+        self.log(msg)
+        print(msg, file=sys.stderr, flush=True)
+        return entry
+
+    @staticmethod
+    def _step_delta(pub: Published, previous: Published | None) -> dict:
+        """How far this step moved the probe (fingerprints alone): a check can only tell apart
+        two versions whose fingerprints differ by more than its tolerance."""
+        if previous is None or not previous.fingerprint or not pub.fingerprint:
+            return {}
+        try:
+            a, b = Fingerprint.from_json(previous.fingerprint), Fingerprint.from_json(pub.fingerprint)
+            return {"step_delta": round(distance(a.logprobs, b.logprobs)[1], 6)} if a.tokens == b.tokens else {}
+        except (KeyError, TypeError, ValueError):
+            return {}
 
     def run_forever(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
@@ -119,6 +218,12 @@ class Supervisor:
         if self.server is not None:
             self.server.stop()
             self.log("serve: stopped")
+
+
+def _paths(kernels: dict) -> str:
+    if "error" in kernels:
+        return "unknown"
+    return ", ".join(f"{k}×{n}" for k, n in sorted((kernels.get("paths") or {}).items())) + f" ({kernels.get('dtype', '?')})"
 
 
 def _job_id() -> str:

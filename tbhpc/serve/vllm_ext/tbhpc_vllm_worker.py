@@ -1,0 +1,84 @@
+"""A vLLM worker extension (`--worker-extension-cls tbhpc_vllm_worker.WeightSync`): an in-place
+weight reload that serves exactly the new weights on every kernel path, and a report of which
+path each linear layer took.
+
+Why: on CPU, vLLM runs each linear layer through `layer.cpu_linear`, a closure built after the
+weights load (`dispatch_cpu_unquantized_gemm`): a oneDNN matmul handle, sgl-kernel packed
+weights (AMX), zentorch, or plain `F.linear` on the parameter. The first three hold their own
+copy of the weights. vLLM's layerwise reload re-runs that step for every layer whose weights it
+loads, but a layer whose weights arrive through another (tied) layer is never "loaded": a tied
+`lm_head` keeps the packed copy of the *old* embedding while the embedding itself is new, so the
+server computes logits with old weights on top of a new body (neither checkpoint). Where the
+dispatch falls back to `F.linear` (e.g. bf16 on a CPU without AVX-512-BF16 or AMX) the copy
+does not exist and the bug does not show, which is why it depended on the machine.
+
+`tbhpc_reload` = vLLM's own reload, then: every layer whose kernel closure is still the one from
+before the reload and whose weight is still there gets its post-load dispatch re-run; a layer
+whose closure is stale and whose weight vLLM already freed cannot be refreshed here, and the
+reload says so (the supervisor then restarts the server, which is exact by construction).
+On GPU no layer has `cpu_linear`; the extension only reloads and reports "gpu".
+Runs inside the vLLM environment: imports only torch and vLLM, lazily.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+
+def kernel_path(layer) -> str | None:
+    """The GEMM path of one layer: onednn | sgl | zentorch | torch (F.linear), None if not a
+    CPU-dispatched linear layer."""
+    fn = getattr(layer, "cpu_linear", None)
+    if fn is None:
+        return None
+    names = set(getattr(getattr(fn, "__code__", None), "co_freevars", ()) or ())
+    if "handler" in names:
+        return "onednn"
+    if "packed_weight" in names:
+        return "sgl"
+    if "zen_weight" in names:
+        return "zentorch"
+    return "torch"
+
+
+def _weight_present(layer) -> bool:
+    w = getattr(layer, "weight", None)
+    return w is not None and w.ndim == 2 and w.numel() > 0 and not w.is_meta
+
+
+class WeightSync:
+    """Mixed into vLLM's worker class; methods are called with collective_rpc."""
+
+    def tbhpc_kernel_paths(self) -> dict:
+        model = self.model_runner.get_model()
+        paths = Counter(p for _, m in model.named_modules() if (p := kernel_path(m)) is not None)
+        if not paths:   # GPU (or any platform without CPU dispatch): linear layers read their parameters
+            paths = Counter("gpu" for _, m in model.named_modules() if hasattr(m, "quant_method") and hasattr(m, "weight"))
+        dtype = str(self.vllm_config.model_config.dtype).removeprefix("torch.")
+        return {"paths": dict(paths), "dtype": dtype}
+
+    def tbhpc_reload(self, weights_path: str) -> dict:
+        from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+        t0 = time.perf_counter()
+        model = self.model_runner.get_model()
+        before = {name: getattr(m, "cpu_linear", None) for name, m in model.named_modules()}
+        self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
+        t1 = time.perf_counter()
+        refreshed, stale = [], []
+        for name, m in model.named_modules():
+            fn = getattr(m, "cpu_linear", None)
+            if fn is None or fn is not before.get(name) or kernel_path(m) == "torch":
+                continue               # re-dispatched by the reload, or reads the parameter itself
+            if _weight_present(m):
+                dispatch_cpu_unquantized_gemm(m, remove_weight=False)
+                refreshed.append(name)
+            else:
+                stale.append(name)
+        report = self.tbhpc_kernel_paths()
+        report.update({"refreshed": refreshed, "stale": stale, "reload_s": round(t1 - t0, 4),
+                       "refresh_s": round(time.perf_counter() - t1, 4)})
+        if stale:
+            raise RuntimeError(f"tbhpc_reload: {len(stale)} layer(s) keep packed copies of the old weights and "
+                               f"cannot be re-packed in place ({', '.join(stale[:4])}); restart the server")
+        return report

@@ -1,0 +1,212 @@
+"""Verified weight syncs without a server: fingerprints, ready markers, trusted versions, waiting for
+a version, and the supervisor's decisions (reload -> check -> restart -> check -> refuse).
+
+The supervisor tests replace the vLLM process with `FakeServer` (it records what it "loaded";
+the check compares that with the marker) because a real server takes a minute to start; the real
+thing, with real kernels and real mismatches, is tests/test_vllm.py. Everything else is real:
+markers on disk, endpoint.json, logs/weight_sync.jsonl.
+"""
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tbhpc.errors import EndpointError, UserError
+from tbhpc.policy.generation import recompute_logprobs
+from tbhpc.serve import supervisor as sup_mod
+from tbhpc.serve.checkpoints import (latest_ready, mark_ready, publish_checkpoint, published, read_syncs,
+                                     trusted_version, version_step)
+from tbhpc.serve.config import ServeConfig
+from tbhpc.serve.endpoint import Endpoint, read_endpoint, wait_for_version, write_endpoint
+from tbhpc.serve.fingerprint import Check, Fingerprint, compute_fingerprint, default_tol, distance, probe_tokens
+
+
+@pytest.fixture(scope="module")
+def model_a(tiny_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_dir), AutoTokenizer.from_pretrained(tiny_dir)
+
+
+def test_fingerprint_is_the_models_own_logprobs_on_a_fixed_probe(model_a, tiny_dir_b):
+    model, tok = model_a
+    fp = compute_fingerprint(model, tok)
+    assert fp.tokens == probe_tokens(tok) and 32 <= len(fp.tokens) <= 64 and fp.dtype == "float32"
+    assert fp.logprobs == pytest.approx(recompute_logprobs(model, fp.tokens, 1), abs=1e-6)
+    assert Fingerprint.from_json(json.loads(json.dumps(fp.to_json()))) == fp
+    other = compute_fingerprint(AutoModelForCausalLM.from_pretrained(tiny_dir_b), tok)
+    assert distance(fp.logprobs, other.logprobs)[1] > 10 * default_tol("float32")   # it tells weights apart
+    raw = probe_tokens(None, vocab_size=500)                                          # no tokenizer: a fixed walk
+    assert raw == probe_tokens(None, vocab_size=500) and max(raw) < 500
+    with pytest.raises(ValueError, match="3 tokens but 1 logprobs"):
+        Fingerprint.from_json({"tokens": [1, 2, 3], "logprobs": [0.0]})
+
+
+def test_markers_carry_the_fingerprint(tmp_path, model_a, tiny_dir):
+    model, tok = model_a
+    pub = publish_checkpoint(tmp_path, 4, model, tok)
+    back = latest_ready(tmp_path)
+    assert back == pub and published(tmp_path, 4) == pub and published(tmp_path, 5) is None
+    assert Fingerprint.from_json(back.fingerprint) == compute_fingerprint(model, tok)
+    # a directory written by other code: mark_ready fingerprints it from disk, same figures
+    marked = mark_ready(tmp_path, 7, tiny_dir)
+    fp = Fingerprint.from_json(marked.fingerprint)
+    assert fp.tokens == back.fingerprint["tokens"] and distance(fp.logprobs, back.fingerprint["logprobs"])[0] < 1e-5
+
+
+def test_only_base_and_verified_steps_are_trusted():
+    assert trusted_version("base") and trusted_version("step-000003") and version_step("step-000003") == 3
+    for v in ("unverified:step-000003", "rejected:step-000003", "unknown", "step-", "mixed:base,step-000001"):
+        assert not trusted_version(v)
+        with pytest.raises(ValueError, match="not a verified step"):
+            version_step(v)
+
+
+def test_wait_for_version(tmp_path):
+    ep = Endpoint("127.0.0.1", 1, "policy", "step-000002")
+    write_endpoint(tmp_path, ep)
+    assert wait_for_version(tmp_path, "step-000002", timeout_s=1).version == "step-000002"
+    with pytest.raises(EndpointError, match="did not announce step-000003 within 0 s"):
+        wait_for_version(tmp_path, "step-000003", timeout_s=0.3, poll_s=0.05)
+    from tbhpc.serve.checkpoints import record_sync
+    record_sync(tmp_path, {"version": "step-000003", "verified": False, "error": "FAIL: mean 0.4"})
+    ep.version = "rejected:step-000003"
+    write_endpoint(tmp_path, ep)
+    with pytest.raises(EndpointError, match="refused weights step-000003: FAIL: mean 0.4"):
+        wait_for_version(tmp_path, "step-000003", timeout_s=5)
+
+
+# --- the supervisor's decisions, vLLM replaced by a fake process -------------------------------
+
+@dataclass
+class FakeProc:
+    pid: int
+
+    def poll(self):
+        return None
+
+
+@dataclass
+class FakeServer:
+    """Loads what it is told, except that a `vllm`-method reload keeps a stale copy (the CPU bug)."""
+    loaded: str
+    port: int = 9000
+    version: str = "base"
+    stale_reload: bool = False
+    proc: FakeProc = field(default_factory=lambda: FakeProc(100))
+    base_url: str = "http://fake"
+    started_at: float = 0.0
+    stopped: bool = False
+
+    def reload(self, path, version, method):
+        self.loaded = "stale" if (self.stale_reload and method == "vllm") else path
+        self.version = version
+        return {"refreshed": ["lm_head"]} if method == "tbhpc" else {}
+
+    def set_version(self, v):
+        self.version = v
+
+    def weight_version(self):
+        return self.version
+
+    def stop(self):
+        self.stopped = True
+
+
+def _supervisor(tmp_path, monkeypatch, stale_reload=False, corrupt=(), **cfg):
+    """A Supervisor over FakeServers; `corrupt`: checkpoint paths whose weights on disk do not
+    match their marker (a damaged copy): every server that loads them fails the check."""
+    servers = []
+    s = sup_mod.Supervisor(tmp_path, ServeConfig(model="/base", device="cpu", **cfg), log=lambda m: None)
+
+    def launch(model, port):
+        s.server = FakeServer(model, port=port or 9000, stale_reload=stale_reload, proc=FakeProc(100 + len(servers)))
+        servers.append(s.server)
+        s.kernels = {"paths": {"onednn": 10}, "dtype": "float32"}
+
+    def check(base_url, model, fp, version, tol):
+        ok = s.server.loaded == str(s.current.path) and s.server.loaded not in corrupt
+        return Check(version, 0.0 if ok else 0.6, 0.0 if ok else 0.3, tol, len(fp.logprobs), 0.01)
+
+    monkeypatch.setattr(s, "_launch", launch)
+    monkeypatch.setattr(sup_mod, "check_server", check)
+    s.start()
+    return s, servers
+
+
+def _publish(tmp_path, step, fingerprint=True):
+    path = tmp_path / "checkpoints" / f"step-{step:06d}"
+    path.mkdir(parents=True)
+    fp = Fingerprint([1, 2, 3], [-1.0, -2.0], "float32") if fingerprint else None
+    if fp is None:
+        marker = tmp_path / "checkpoints" / f"step-{step:06d}.ready"
+        marker.write_text(json.dumps({"step": step, "path": str(path), "published_at": 0.0}))
+        return str(path)
+    mark_ready(tmp_path, step, path, fp)
+    return str(path)
+
+
+def test_an_exact_reload_is_checked_then_announced(tmp_path, monkeypatch):
+    s, servers = _supervisor(tmp_path, monkeypatch)
+    assert read_endpoint(tmp_path).version == "base"
+    _publish(tmp_path, 1)
+    entry = s.sync_if_new()
+    assert entry["mode"] == "reload" and entry["verified"] is True and entry["probe_version"] == "unverified:step-000001"
+    assert entry["reload"] == {"refreshed": ["lm_head"]} and entry["kernels"]["paths"] == {"onednn": 10}
+    assert read_endpoint(tmp_path).version == "step-000001" and len(servers) == 1
+    assert s.sync_if_new() is None                                  # nothing newer: nothing happens
+
+
+def test_an_inexact_reload_falls_back_to_a_restart_that_is_checked_too(tmp_path, monkeypatch):
+    s, servers = _supervisor(tmp_path, monkeypatch, stale_reload=True, reload_method="vllm")
+    path = _publish(tmp_path, 1)
+    entry = s.sync_if_new()
+    assert entry["mode"] == "restart" and entry["verified"] is True
+    assert entry["attempts"][0]["mode"] == "reload" and entry["attempts"][0]["error"].startswith("FAIL")
+    assert len(servers) == 2 and servers[0].stopped and servers[1].loaded == path and servers[1].port == 9000
+    ep = read_endpoint(tmp_path)
+    assert ep.version == "step-000001" and ep.pid == 101 and ep.model_path == path
+
+
+def test_a_checkpoint_that_never_matches_is_refused_not_announced(tmp_path, monkeypatch, capsys):
+    damaged = str(tmp_path / "checkpoints" / "step-000002")
+    s, servers = _supervisor(tmp_path, monkeypatch, corrupt=(damaged,))
+    _publish(tmp_path, 1)
+    s.sync_if_new()
+    _publish(tmp_path, 2)
+    entry = s.sync_if_new()
+    assert entry["verified"] is False and entry["served_as"] == "rejected:step-000002" and entry["mode"] == "restart"
+    assert entry["probe_mean_err"] == 0.3 and entry["probe_tol"] == default_tol("float32")   # both figures kept
+    assert read_endpoint(tmp_path).version == "rejected:step-000002" == servers[-1].version
+    assert "REFUSED" in capsys.readouterr().err
+    assert [e["verified"] for e in read_syncs(tmp_path)] == [True, False]
+    assert s.sync_if_new() is None                                  # refused once, not retried in a loop
+    with pytest.raises(EndpointError, match="refused weights step-000002"):
+        wait_for_version(tmp_path, "step-000002", timeout_s=1)
+    _publish(tmp_path, 3)                                           # the next good checkpoint recovers
+    assert s.sync_if_new()["verified"] is True and read_endpoint(tmp_path).version == "step-000003"
+
+
+def test_a_checkpoint_without_fingerprint_is_refused_unless_verify_is_off(tmp_path, monkeypatch):
+    s, _ = _supervisor(tmp_path / "a", monkeypatch)
+    _publish(tmp_path / "a", 1, fingerprint=False)
+    entry = s.sync_if_new()
+    assert entry["verified"] is False and "no fingerprint" in entry["error"]
+    s, _ = _supervisor(tmp_path / "b", monkeypatch, verify=False)
+    _publish(tmp_path / "b", 1, fingerprint=False)
+    entry = s.sync_if_new()
+    assert entry["verified"] is None and read_endpoint(tmp_path / "b").version == "step-000001"
+
+
+def test_a_restarted_serve_job_checks_the_checkpoint_it_resumes_on(tmp_path, monkeypatch):
+    _publish(tmp_path, 5)
+    s, servers = _supervisor(tmp_path, monkeypatch)
+    assert servers[0].loaded.endswith("step-000005") and read_endpoint(tmp_path).version == "step-000005"
+
+
+def test_serve_config_and_check_command_errors(capsys):
+    from tbhpc.cli import main
+    with pytest.raises(UserError, match="field 'reload_method' must be tbhpc or vllm"):
+        ServeConfig(model="/m", reload_method="nccl").validate()
+    assert main(["serve-check"]) == 2 and "give either RUN or --url" in capsys.readouterr().err
+    assert main(["serve-check", "/nonexistent-run"]) == 2 and "no endpoint file" in capsys.readouterr().err
