@@ -46,6 +46,7 @@ bench: env env-vllm model-smollm2
 	$(VPY) bench/buffer_size.py
 	NODES=$(NODES) STATE=$(SLURM_STATE) bash slurm/local/with-cluster.sh $(VPY) bench/fanout.py
 	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/serve_throughput.py
+	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/weight_sync.py
 
 # Regenerate the bundled task pack (deterministic: same seed, same bytes).
 tasks: env

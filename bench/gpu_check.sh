@@ -2,7 +2,8 @@
 # GPU check of the serving path, prepared to run as one script whenever a GPU machine with vLLM
 # is available (none is in CI): serves a small model with `tbhpc serve` on the GPU, runs a short
 # eval (openai policy) and probe (token-exact policy) through it, publishes a checkpoint and
-# times the weight sync, then measures tokens/s (bench/serve_throughput.py --device cuda).
+# times the verified weight sync (probe error of bf16 on the GPU against an fp32 fingerprint),
+# runs `tbhpc serve-check`, then measures tokens/s (bench/serve_throughput.py --device cuda).
 #
 #   TBHPC_PY=.venv/bin/python TBHPC_VLLM_PYTHON=/path/to/vllm-env/bin/python \
 #     bash bench/gpu_check.sh [MODEL_DIR]        # default: build/models/smollm2-135m, else a tiny model
@@ -37,18 +38,19 @@ grep "ready in" "$OUT/serve.log"
 
 "$PY" - "$RUN" "$MODEL" <<'PY'
 import sys, time
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from tbhpc.serve.checkpoints import publish_checkpoint, read_syncs
-from tbhpc.serve.endpoint import read_endpoint
+from tbhpc.serve.endpoint import wait_for_version
 run, model = sys.argv[1], sys.argv[2]
-m = AutoModelForCausalLM.from_pretrained(model)
+m, tok = AutoModelForCausalLM.from_pretrained(model), AutoTokenizer.from_pretrained(model)
 t0 = time.time()
-publish_checkpoint(run, 1, m)
-while read_endpoint(run).version != "step-000001":
-    assert time.time() - t0 < 600, "weight sync did not complete"
-    time.sleep(0.1)
+publish_checkpoint(run, 1, m, tok)          # fp32 fingerprint on the CPU; the server computes in bf16 on the GPU
+wait_for_version(run, "step-000001", timeout_s=600)
 s = read_syncs(run)[-1]
-print(f"weight sync: publish->served {time.time() - t0:.2f} s (server side {s['sync_s']:.2f} s, mode {s['mode']})")
+print(f"weight sync: publish->served {time.time() - t0:.2f} s (server side {s['sync_s']:.2f} s, mode {s['mode']}, "
+      f"kernels {s['kernels']}); verified {s['verified']}: probe mean |dlogprob| {s['probe_mean_err']:.2e} "
+      f"max {s['probe_max_err']:.2e} (tolerance {s['probe_tol']}), check {s['check_s']:.3f} s")
 PY
+"$PY" -m tbhpc.cli serve-check "$RUN"
 kill -TERM $SERVE; wait $SERVE || true; trap - EXIT
 "$PY" bench/serve_throughput.py --device cuda --model "$MODEL" --max-tokens 256 --prompts 32

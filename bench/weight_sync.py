@@ -1,0 +1,131 @@
+"""Weight-sync options, measured: what each costs and whether it serves the published weights.
+
+For each model and dtype, one vLLM server (CPU build here) is started and three syncs are timed,
+each to a different perturbed copy of the model (published with `publish_checkpoint`, which also
+fingerprints it):
+- `vllm`:    vLLM's own in-place `reload_weights` (pause, reload, reset prefix cache, resume);
+- `tbhpc`:   the same, then re-packing of the kernel copies it leaves stale (the default);
+- `restart`: stop the server, start a fresh one on the checkpoint (the baseline: exact by
+             construction; its time is what every other option is compared with).
+After each sync the checkpoint's fingerprint is scored through the server: `mean err` is the
+probe's mean |Δ logprob| against the new weights (`exact` when within the dtype's tolerance),
+`check s` what the verification costs. Publishing (save + fingerprint) is timed apart.
+
+Usage: python bench/weight_sync.py [--models tiny,smollm2] [--dtypes float32,bfloat16] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from tbhpc.serve.checkpoints import publish_checkpoint
+from tbhpc.serve.config import ServeConfig
+from tbhpc.serve.fingerprint import Fingerprint, check_server, default_tol, distance, served_logprobs
+from tbhpc.serve.server import VLLMServer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def perturbed(model, seed: int, scale: float = 0.05):
+    """A copy of `model` with every weight moved by `scale` × its mean magnitude (a large step,
+    so a server that misses part of it is visible in the figures)."""
+    import copy
+
+    import torch
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * p.abs().mean() * scale)
+    return out
+
+
+def bench_one(console: Console, name: str, model_dir: Path, dtype: str, threads: int, rows: list) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    with tempfile.TemporaryDirectory() as run:
+        cfg = ServeConfig(model=str(model_dir), device="cpu", dtype=dtype, kv_cache_gb=1, cpu_threads=threads,
+                          max_model_len=2048)
+        server = VLLMServer(cfg, str(model_dir), Path(run) / "logs" / "vllm.log")
+        t0 = time.monotonic()
+        server.start().wait_ready()
+        start_s = time.monotonic() - t0
+        try:
+            kernels = server.kernel_report()
+            served_logprobs(server.base_url, cfg.served_model_name, [0, 1, 2, 3])       # first-request set-up
+            paths = ", ".join(f"{k}×{n}" for k, n in kernels["paths"].items())
+            console.print(f"{name} {kernels['dtype']}: server ready in {start_s:.1f} s, kernels {paths}")
+            previous = None
+            for step, method in enumerate(("vllm", "tbhpc", "restart"), start=1):
+                t0 = time.monotonic()
+                pub = publish_checkpoint(run, step, perturbed(base, seed=step), tok)
+                publish_s = time.monotonic() - t0
+                fp = Fingerprint.from_json(pub.fingerprint)
+                t0 = time.monotonic()
+                if method == "restart":
+                    port = server.port
+                    server.stop()
+                    server = VLLMServer(cfg, str(pub.path), server.log_path, port=port).start()
+                    server.wait_ready()
+                    served_logprobs(server.base_url, cfg.served_model_name, [0, 1, 2, 3])
+                else:
+                    server.reload(str(pub.path), pub.version, method)
+                sync_s = time.monotonic() - t0
+                tol = max(default_tol(fp.dtype), default_tol(kernels["dtype"]))
+                check = check_server(server.base_url, cfg.served_model_name, fp, pub.version, tol)
+                moved = distance(previous.logprobs, fp.logprobs)[1] if previous else float("nan")
+                rows.append((name, kernels["dtype"], paths, method, publish_s, sync_s, check.seconds, check.mean_err,
+                             check.passed, moved))
+                previous = fp
+        finally:
+            server.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="tiny,smollm2")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    console = Console()
+    models = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            if name == "tiny":
+                from tbhpc.policy.tiny import build_tiny_model
+                models[name] = build_tiny_model(Path(tmp) / "tiny", arch="qwen3")
+            elif name == "smollm2":
+                path = REPO / "build" / "models" / "smollm2-135m"
+                if not (path / "config.json").exists():
+                    console.print(f"[yellow]skipping smollm2: {path} missing (make model-smollm2)")
+                    continue
+                models[name] = path
+            else:
+                models[name] = Path(name)
+        rows: list = []
+        for name, path in models.items():
+            for dtype in args.dtypes.split(","):
+                bench_one(console, name, path, dtype, args.threads, rows)
+    table = Table(title="weight sync: time and exactness per option (same run, same machine)")
+    for col in ("model", "dtype", "kernels", "sync", "publish s", "sync s", "× restart", "check s", "check / sync",
+                "mean err", "exact", "step moved"):
+        table.add_column(col, justify="right")
+    for group in sorted({(r[0], r[1]) for r in rows}):
+        rs = [r for r in rows if (r[0], r[1]) == group]
+        restart = next(r[5] for r in rs if r[3] == "restart")
+        for (name, dtype, paths, method, publish_s, sync_s, check_s, err, ok, moved) in rs:
+            table.add_row(name, dtype, paths, method, f"{publish_s:.2f}", f"{sync_s:.2f}", f"{sync_s / restart:.3f}",
+                          f"{check_s:.3f}", f"{check_s / sync_s:.2f}", f"{err:.1e}", "yes" if ok else "[red]NO",
+                          f"{moved:.2f}")
+    console.print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
