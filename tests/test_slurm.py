@@ -140,7 +140,7 @@ def test_preemption_requeues_the_chunk_and_loses_nothing(tmp_path):
          "repeats=3", "policy_opts={delay_s: 0.25}", "slurm={attempts_per_task: 6, flush_every: 1, poll_seconds: 0.5, "
          "partition: batch, array_parallelism: 6}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait(lambda: len(_array_pids(run)) == 6 and len(list_shards(run / "shards")) >= 3)
-    high = subprocess.run(["sbatch", "--parsable", "-p", "high", "-N", "3", "-n", "6", "--wrap", "sleep 2"],
+    high = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "-p", "high", "-N", "3", "-n", "6", "--wrap", "sleep 2"],
                           capture_output=True, text=True, check=True).stdout.strip()
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
