@@ -90,3 +90,12 @@ def tiny_dir_b(tmp_path_factory):
     """The same architecture and tokenizer with other weights: what a weight sync publishes."""
     from tbhpc.policy.tiny import build_tiny_model
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen3-b"), arch="qwen3", seed=1)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Printed at the end of every run (even with -q): the CPU class, and what tests that depend
+    on it recorded (the vLLM kernel paths), so a log from another machine says which one it was."""
+    from helpers import MACHINE_NOTES, cpu_class
+    terminalreporter.write_line(f"machine: {cpu_class()}")
+    for note in dict.fromkeys(MACHINE_NOTES):
+        terminalreporter.write_line(f"machine: {note}")

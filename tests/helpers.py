@@ -3,6 +3,8 @@ from pathlib import Path
 
 import duckdb
 
+MACHINE_NOTES: list[str] = []      # lines tests add for the run's closing summary (conftest.py)
+
 
 def attempt_rows(run: Path) -> list[tuple]:
     """(task_id, attempt_index, reward, status) of a run, sorted by key."""

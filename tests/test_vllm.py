@@ -38,7 +38,7 @@ from tbhpc.serve.config import default_vllm_python
 from tbhpc.serve.endpoint import read_endpoint, wait_for_version
 from tbhpc.serve.fingerprint import compute_fingerprint
 
-from helpers import cpu_class
+from helpers import MACHINE_NOTES, cpu_class
 
 pytestmark = pytest.mark.slow
 SERVE_OPTS = ["device=cpu", "kv_cache_gb=1", "max_model_len=8192", "tool_call_parser=hermes", "poll_s=0.2"]
@@ -168,6 +168,8 @@ def test_weight_sync_is_exact_and_verified(served, tiny_dir_b):
     sync = read_syncs(run)
     machine = f"{cpu_class()}; server kernels {sync[-1].get('kernels')}"
     print(machine, "sync:", sync[-1])
+    MACHINE_NOTES.append(f"vLLM default dtype: kernels {sync[-1].get('kernels')}, reload refreshed "
+                         f"{sync[-1].get('reload', {}).get('refreshed')}")
     assert [m["weight_version"] for m in _models(ep)] == ["step-000001"]
     after = gen.generate(prompt, Sampling(max_tokens=12), seed=7)
     assert after.version == "step-000001" and after.token_ids != before.token_ids
@@ -200,6 +202,7 @@ def test_fp32_sync_then_a_damaged_checkpoint_is_refused(tmp_path, tiny_dir, tiny
         s1 = read_syncs(run)[-1]
         machine = f"{cpu_class()}; server kernels {s1['kernels']}"
         print(machine, "sync 1:", s1)
+        MACHINE_NOTES.append(f"vLLM fp32: kernels {s1['kernels']}, reload refreshed {s1.get('reload', {}).get('refreshed')}")
         assert (s1["mode"], s1["verified"], s1["kernels"]["dtype"]) == ("reload", True, "float32"), machine
         prompt = tok.encode("I want a refund for my flight.")
         out = ServerGenerator(ep.base_url, ep.model).generate(prompt, Sampling(max_tokens=16), seed=3)
