@@ -82,6 +82,7 @@ def bench_one(console: Console, name: str, model_dir: Path, dtype: str, threads:
                 moved = distance(previous.logprobs, fp.logprobs)[1] if previous else float("nan")
                 rows.append((name, kernels["dtype"], paths, method, publish_s, sync_s, check.seconds, check.mean_err,
                              check.passed, moved))
+                console.print(f"  {method}: publish {publish_s:.2f} s, sync {sync_s:.2f} s, {check.summary()}")
                 previous = fp
         finally:
             server.stop()
@@ -93,7 +94,7 @@ def main() -> int:
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=200)
     models = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
