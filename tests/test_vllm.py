@@ -182,6 +182,10 @@ def test_weight_sync_is_exact_and_verified(served, tiny_dir_b):
         assert "lm_head" in s["reload"]["refreshed"], machine
     check = _serve_check(run)
     assert check.returncode == 0 and check.stdout.startswith("PASS: serves step-000001"), check.stdout + check.stderr
+    own = subprocess.run([sys.executable, "-m", "tbhpc.cli", "serve-check", "--url", ep.base_url, "--checkpoint",
+                          str(tiny_dir_b), "--format", "json"], capture_output=True, text=True, timeout=120)
+    verdict = json.loads(own.stdout)                       # a server "you run yourself": URL + checkpoint dir
+    assert own.returncode == 0 and verdict["verified"] and verdict["probe_version"] == "step-000001", own.stdout
 
 
 def test_fp32_sync_then_a_damaged_checkpoint_is_refused(tmp_path, tiny_dir, tiny_dir_b, tasks_by_id):
