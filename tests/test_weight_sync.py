@@ -188,10 +188,12 @@ def test_a_checkpoint_that_never_matches_is_refused_not_announced(tmp_path, monk
 
 
 def test_a_checkpoint_without_fingerprint_is_refused_unless_verify_is_off(tmp_path, monkeypatch):
-    s, _ = _supervisor(tmp_path / "a", monkeypatch)
+    s, servers = _supervisor(tmp_path / "a", monkeypatch)
     _publish(tmp_path / "a", 1, fingerprint=False)
     entry = s.sync_if_new()
-    assert entry["verified"] is False and "no fingerprint" in entry["error"]
+    assert entry["verified"] is False and "no fingerprint" in entry["error"] and entry["mode"] == "none"
+    assert servers[0].loaded == "/base" and len(servers) == 1            # nothing loaded, nothing restarted
+    assert read_endpoint(tmp_path / "a").version == "rejected:step-000001"
     s, _ = _supervisor(tmp_path / "b", monkeypatch, verify=False)
     _publish(tmp_path / "b", 1, fingerprint=False)
     entry = s.sync_if_new()

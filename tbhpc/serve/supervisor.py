@@ -113,6 +113,10 @@ class Supervisor:
         previous, self.current = self.current, pub
         provisional = UNVERIFIED + pub.version
         check: Check | None = None
+        try:
+            self._fingerprint(pub)
+        except SyncRefused as exc:          # nothing to check it against: not loaded at all
+            return self._refuse(pub, str(exc), {**entry, "mode": "none"})
         if mode == "reload":
             try:
                 report = self.server.reload(str(pub.path), provisional, self.cfg.reload_method)
@@ -155,21 +159,27 @@ class Supervisor:
 
     def verify(self, pub: Published) -> Check | None:
         """Score the checkpoint's fingerprint through the server; raise SyncRefused on a mismatch."""
-        if not self.cfg.verify:
+        fp = self._fingerprint(pub)
+        if fp is None:
             return None
-        if not pub.fingerprint:
-            raise SyncRefused(f"{pub.version} has no fingerprint in its ready marker (publish with "
-                              "publish_checkpoint or mark_ready, or serve with verify=false)")
-        try:
-            fp = Fingerprint.from_json(pub.fingerprint)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SyncRefused(f"{pub.version}: unreadable fingerprint ({exc})") from None
         tol = self.cfg.verify_tol or max(default_tol(fp.dtype), default_tol(self.kernels.get("dtype")))
         check = check_server(self.server.base_url, self.cfg.served_model_name, fp, self.server.weight_version(), tol)
         self._last_check = check
         if not check.passed:
             raise SyncRefused(check.summary())
         return check
+
+    def _fingerprint(self, pub: Published) -> Fingerprint | None:
+        """The marker's fingerprint (None when verify is off); SyncRefused when it has no usable one."""
+        if not self.cfg.verify:
+            return None
+        if not pub.fingerprint:
+            raise SyncRefused(f"{pub.version} has no fingerprint in its ready marker (publish with "
+                              "publish_checkpoint or mark_ready, or serve with verify=false)")
+        try:
+            return Fingerprint.from_json(pub.fingerprint)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SyncRefused(f"{pub.version}: unreadable fingerprint ({exc})") from None
 
     def _refuse(self, pub: Published, reason: str, entry: dict) -> dict:
         """Leave `rejected:step-N` on the server and in endpoint.json; record why, loudly."""
