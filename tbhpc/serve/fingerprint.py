@@ -5,7 +5,7 @@ Why: a weight sync that reports the new version while computing with (some of) t
 is silent: tokens change, versions match, and the trainer learns from samples of weights nobody
 published. The publisher therefore stores, in the checkpoint's ready marker, a fixed probe
 sequence and its own logprobs on it (one forward pass); after a sync the supervisor (or anyone,
-with `tbhpc serve check`) scores the same ids through the server's standard completions route
+with `tbhpc serve-check`) scores the same ids through the server's standard completions route
 (`prompt_logprobs`, a single prefill) and compares. The probe is ordinary text rendered by the
 checkpoint's tokenizer (a chat turn with a tool call), so it exercises the layers a rollout does.
 

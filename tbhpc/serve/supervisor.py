@@ -43,6 +43,10 @@ def resolve_device(cfg: ServeConfig) -> ServeConfig:
 class SyncRefused(Exception):
     """The served weights do not match the checkpoint's fingerprint (or it has none)."""
 
+    def __init__(self, reason: str, check: Check | None = None):
+        super().__init__(reason)
+        self.check = check
+
 
 class Supervisor:
     def __init__(self, run_dir: Path | str, cfg: ServeConfig, log=print):
@@ -53,7 +57,6 @@ class Supervisor:
         self.endpoint: Endpoint | None = None
         self.current: Published | None = None
         self.kernels: dict = {}
-        self._last_check: Check | None = None
 
     def publish_host(self) -> str:
         return socket.gethostname() if self.cfg.host in ("0.0.0.0", "::") else self.cfg.host
@@ -76,7 +79,7 @@ class Supervisor:
                 self._announce(pub.version)
             except SyncRefused as exc:
                 check = None
-                self._refuse(pub, str(exc), {"mode": "start", "kernels": self.kernels})
+                self._refuse(pub, exc, {"mode": "start"})
             if check is not None:
                 self.log(f"serve: {check.summary()}")
         self.log(f"serve: ready in {ready:.1f} s at {self.endpoint.openai_url} serving {self.endpoint.version} "
@@ -116,7 +119,7 @@ class Supervisor:
         try:
             self._fingerprint(pub)
         except SyncRefused as exc:          # nothing to check it against: not loaded at all
-            return self._refuse(pub, str(exc), {**entry, "mode": "none"})
+            return self._refuse(pub, exc, {**entry, "mode": "none"})
         if mode == "reload":
             try:
                 report = self.server.reload(str(pub.path), provisional, self.cfg.reload_method)
@@ -140,7 +143,7 @@ class Supervisor:
                 check = self.verify(pub)
             except SyncRefused as exc:
                 entry.update(mode=mode, sync_s=round(time.time() - t0, 4))
-                return self._refuse(pub, str(exc), entry)
+                return self._refuse(pub, exc, entry)
         served = self.server.weight_version()
         if served != provisional:
             raise EndpointError(f"weight sync: server reports {served!r} after loading {pub.version!r}")
@@ -164,9 +167,8 @@ class Supervisor:
             return None
         tol = self.cfg.verify_tol or max(default_tol(fp.dtype), default_tol(self.kernels.get("dtype")))
         check = check_server(self.server.base_url, self.cfg.served_model_name, fp, self.server.weight_version(), tol)
-        self._last_check = check
         if not check.passed:
-            raise SyncRefused(check.summary())
+            raise SyncRefused(check.summary(), check)
         return check
 
     def _fingerprint(self, pub: Published) -> Fingerprint | None:
@@ -181,16 +183,16 @@ class Supervisor:
         except (KeyError, TypeError, ValueError) as exc:
             raise SyncRefused(f"{pub.version}: unreadable fingerprint ({exc})") from None
 
-    def _refuse(self, pub: Published, reason: str, entry: dict) -> dict:
+    def _refuse(self, pub: Published, refusal: SyncRefused, entry: dict) -> dict:
         """Leave `rejected:step-N` on the server and in endpoint.json; record why, loudly."""
         version = REJECTED + pub.version
         self._announce(version)
-        last, self._last_check = self._last_check, None
+        reason = str(refusal)
         entry.update({"version": pub.version, "step": pub.step, "verified": False, "served_as": version,
                       "error": reason, "published_at": pub.published_at, "path": str(pub.path),
                       "kernels": self.kernels})
-        if last is not None:
-            entry.update({k: v for k, v in last.to_json().items() if k != "verified"})
+        if refusal.check is not None:       # both figures: the error measured and the tolerance
+            entry.update({k: v for k, v in refusal.check.to_json().items() if k != "verified"})
         record_sync(self.run, entry)
         msg = f"serve: ERROR: weight sync to {pub.version} REFUSED: {reason}; the server says {version}"
         self.log(msg)

@@ -13,7 +13,7 @@ from tbhpc.errors import UserError
 from tbhpc.serve.checkpoints import REJECTED, UNVERIFIED, published, version_step
 from tbhpc.serve.endpoint import read_endpoint
 from tbhpc.serve.fingerprint import Check, Fingerprint, check_server, default_tol, fingerprint_dir
-from tbhpc.serve.server import http_json
+from tbhpc.serve.server import http_json, merge_reports
 
 
 def check_endpoint(run: Path | None = None, url: str | None = None, model: str = "", checkpoint: Path | None = None,
@@ -66,7 +66,7 @@ def _served_dtype(base_url: str) -> str:
     tolerance applies) on a server without it."""
     try:
         results = http_json(base_url + "/collective_rpc", {"method": "tbhpc_kernel_paths"}).get("results") or []
-        return str(results[0].get("dtype") or "")
+        return merge_reports(results)["dtype"]
     except Exception:
         return ""
 
