@@ -32,27 +32,33 @@ class Rollout:
 
 def collect_group(task, domain, policy: TokenPolicy, user, judge, group: int, n: int, seed0: int = 0,
                   max_reruns: int = 3, verify: bool = True) -> list[Rollout]:
-    out = []
-    for i in range(n):
-        seed, reruns = seed0 + i, 0
-        while True:
-            res = run_episode(task, domain, policy, user, judge, seed=seed)
-            trace = policy.pop_trace(task.id, seed)
-            if res.status == "ok":
-                break
-            reruns += 1
-            if reruns > max_reruns:
-                raise InfraError(f"task {task.id} attempt {i}: {reruns} system errors in a row; last: {res.error}")
-            seed += 1_000_000   # a fresh sample, same attempt slot
-        if verify and policy.check_prefix:
-            trace.verify(res.messages)
-        versions = [v for turn in trace.turn_versions for v in turn.removeprefix("mixed:").split(",")]
-        if untrusted := sorted({v for v in versions if not trusted_version(v)}):
-            raise UntrustedWeights(f"task {task.id} attempt {i}: sampled by weights the server did not verify "
-                                   f"({', '.join(untrusted)}); never used for training")
-        steps = [version_step(v) for v in versions] or [0]
-        ep = Episode(trace.tokens, trace.loss_mask, trace.logprobs, group=group, reward=float(res.reward),
-                     task_id=task.id, attempt_key=f"{task.id}#{i}", finish_reason=res.finish_reason,
-                     policy_version=min(steps))
-        out.append(Rollout(res, ep, list(trace.turn_versions), reruns))
-    return out
+    """`n` attempts of one task, one after another (the trainer runs them concurrently through
+    `collect_episode`)."""
+    return [collect_episode(task, domain, policy, user, judge, group, i, seed0 + i, max_reruns, verify) for i in range(n)]
+
+
+def collect_episode(task, domain, policy: TokenPolicy, user, judge, group: int, index: int, seed: int,
+                    max_reruns: int = 3, verify: bool = True) -> Rollout:
+    """Attempt `index` of a group: run it, re-run it on a system error (a fresh sample in the same
+    slot, at most `max_reruns` times, then InfraError), check its trace, return it token-exact."""
+    reruns = 0
+    while True:
+        res = run_episode(task, domain, policy, user, judge, seed=seed)
+        trace = policy.pop_trace(task.id, seed)
+        if res.status == "ok":
+            break
+        reruns += 1
+        if reruns > max_reruns:
+            raise InfraError(f"task {task.id} attempt {index}: {reruns} system errors in a row; last: {res.error}")
+        seed += 1_000_000   # a fresh sample, same attempt slot
+    if verify and policy.check_prefix:
+        trace.verify(res.messages)
+    versions = [v for turn in trace.turn_versions for v in turn.removeprefix("mixed:").split(",")]
+    if untrusted := sorted({v for v in versions if not trusted_version(v)}):
+        raise UntrustedWeights(f"task {task.id} attempt {index}: sampled by weights the server did not verify "
+                               f"({', '.join(untrusted)}); never used for training")
+    steps = [version_step(v) for v in versions] or [0]
+    ep = Episode(trace.tokens, trace.loss_mask, trace.logprobs, group=group, reward=float(res.reward),
+                 task_id=task.id, attempt_key=f"{task.id}#{index}", finish_reason=res.finish_reason,
+                 policy_version=min(steps))
+    return Rollout(res, ep, list(trace.turn_versions), reruns)

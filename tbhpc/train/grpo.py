@@ -45,12 +45,14 @@ class LossStats:
 
 
 def policy_loss(logprobs, behaviour_logprobs, advantages, loss_mask, global_loss_tokens: int,
-                clip_low: float = 0.2, clip_high: float = 0.2, reducer_world_size: int = 1):
+                clip_low: float = 0.2, clip_high: float = 0.2, reducer_world_size: int = 1, dual_clip: float = 0.0):
     """PPO-clip loss of one micro-batch on one rank (torch tensors of one shape, [B, L] or [T]).
 
     `global_loss_tokens`: loss tokens of the whole step over every rank and micro-batch.
     `reducer_world_size`: ranks whose gradients the reducer *averages* (DeepSpeed and DDP do);
     the loss is scaled by it so that the averaged gradient is the global token mean.
+    `dual_clip` (> 1, 0 = off): a negative-advantage token's loss is capped at -A x dual_clip, so
+    one token whose ratio exploded cannot dominate the step (verl's clip_ratio_c, 3 in the recipe).
     Summing the returned losses over micro-batches and ranks gives the step's token-mean loss
     times `reducer_world_size`. Returns (loss, LossStats)."""
     import torch
@@ -63,6 +65,8 @@ def policy_loss(logprobs, behaviour_logprobs, advantages, loss_mask, global_loss
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
+    if dual_clip:
+        per_token = torch.where(advantages < 0, torch.minimum(per_token, -advantages * dual_clip), per_token)
     loss = (per_token * mask).sum() * (reducer_world_size / global_loss_tokens)
     with torch.no_grad():
         n = int(mask.sum().item())

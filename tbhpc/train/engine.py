@@ -1,0 +1,194 @@
+"""The DeepSpeed layer: process group, engine, one GRPO update, consolidated weights, checkpoints.
+
+Kept thin on purpose (the loss lives in grpo.py, the step in loop.py). What it must get right:
+- every rank runs the same number of forward/backward passes (ZeRO-3 gathers parameters and
+  reduce-scatters gradients inside them; a rank that skips one deadlocks the others), so ranks
+  agree on the step's micro-batch count and pad theirs with zero-loss passes;
+- the loss of every micro-batch is divided by the *global* loss-token count and multiplied by the
+  world size the reducer averages over (grpo.policy_loss), so 1, 2 or 3 ranks give one update;
+- one optimiser step per training step: DeepSpeed's accumulation boundary is set by hand on the
+  last micro-batch (the count varies per step).
+Backends: NCCL on GPUs, gloo on CPU (DS_ACCELERATOR=cpu). bf16 on GPU, fp32 on CPU.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from tbhpc.train.config import TrainConfig
+from tbhpc.train.grpo import policy_loss
+from tbhpc.train.packing import Packed, token_logprobs
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+    @classmethod
+    def from_environ(cls, env: dict | None = None) -> "DistEnv":
+        """Slurm (srun: SLURM_PROCID/NTASKS/LOCALID), torchrun (RANK/WORLD_SIZE/LOCAL_RANK) or one
+        process. MASTER_ADDR/MASTER_PORT come from the job script (rank 0's node, a port from the
+        job id) or default to this host."""
+        e = os.environ if env is None else env
+        if "SLURM_PROCID" in e and "SLURM_NTASKS" in e and "RANK" not in e:
+            rank, world, local = int(e["SLURM_PROCID"]), int(e["SLURM_NTASKS"]), int(e.get("SLURM_LOCALID", 0))
+        else:
+            rank, world, local = int(e.get("RANK", 0)), int(e.get("WORLD_SIZE", 1)), int(e.get("LOCAL_RANK", 0))
+        return cls(rank, world, local, e.get("MASTER_ADDR", "127.0.0.1"), int(e.get("MASTER_PORT", 29500)))
+
+    def export(self) -> None:
+        os.environ.update({"RANK": str(self.rank), "WORLD_SIZE": str(self.world), "LOCAL_RANK": str(self.local_rank),
+                           "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)})
+
+
+def use_gpu() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "") != "cpu"
+    except ImportError:  # pragma: no cover
+        return False
+
+
+def resolved_dtype(cfg: TrainConfig, gpu: bool) -> str:
+    return cfg.dtype if cfg.dtype != "auto" else ("bf16" if gpu else "fp32")
+
+
+def ds_config(cfg: TrainConfig, gpu: bool) -> dict:
+    """The DeepSpeed config (pure: golden-tested). One micro-batch per backward, boundaries set by hand."""
+    bf16 = resolved_dtype(cfg, gpu) == "bf16"
+    zero: dict[str, Any] = {"stage": cfg.zero_stage}
+    if cfg.zero_stage == 3:
+        zero.update({"stage3_gather_16bit_weights_on_model_save": True, "overlap_comm": gpu, "contiguous_gradients": True})
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": zero,
+        "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "weight_decay": cfg.weight_decay,
+                                                  "betas": list(cfg.betas), "eps": 1e-8, "torch_adam": not gpu}},
+        "bf16": {"enabled": bf16},
+        "fp16": {"enabled": False},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+@dataclass
+class UpdateStats:
+    loss: float = 0.0
+    grad_norm: float = 0.0
+    loss_tokens: int = 0          # this rank
+    tokens: int = 0               # this rank, packed (no padding exists)
+    micro_batches: int = 0        # this rank, real ones
+    clip_fraction: float = 0.0
+    mismatch: float = 0.0         # mean |trainer - server| logprob on this rank's loss tokens
+    ratio_max: float = 0.0
+
+
+class Engine:
+    def __init__(self, cfg: TrainConfig, env: DistEnv):
+        import torch
+
+        self.cfg, self.env = cfg, env
+        self.gpu = use_gpu()
+        if not self.gpu:
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+            torch.set_num_threads(cfg.torch_threads)
+        import deepspeed
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        env.export()
+        deepspeed.init_distributed(dist_backend="nccl" if self.gpu else "gloo", verbose=False)
+        if self.gpu:
+            torch.cuda.set_device(env.local_rank)
+        dtype = torch.bfloat16 if resolved_dtype(cfg, self.gpu) == "bf16" else torch.float32
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype)
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                               config=ds_config(cfg, self.gpu))
+        self.device = self.engine.device
+
+    @property
+    def module(self):
+        return self.engine.module
+
+    def all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
+        import torch
+        import torch.distributed as dist
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        if self.env.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return t.tolist()
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+        if self.env.world > 1:
+            dist.barrier()
+
+    def update(self, packs: list[Packed]) -> UpdateStats:
+        """One optimiser step on this rank's packed micro-batches (collective: every rank calls it)."""
+        import torch
+
+        cfg = self.cfg
+        local_tokens = sum(p.n_loss_tokens for p in packs)
+        global_tokens, n_micro = self.all_reduce([local_tokens, len(packs)], "sum")[0], \
+            int(self.all_reduce([len(packs)], "max")[0])
+        st = UpdateStats(loss_tokens=local_tokens, tokens=sum(p.n_tokens for p in packs), micro_batches=len(packs))
+        if global_tokens <= 0:
+            return st
+        self.engine.train()
+        clipped = mism = 0.0
+        for k in range(n_micro):
+            self.engine.set_gradient_accumulation_boundary(k == n_micro - 1)
+            if k < len(packs):
+                p = packs[k]
+                lp = token_logprobs(self.engine, _to(p, self.device))
+                loss, s = policy_loss(lp, p.behaviour.to(self.device), p.advantages.to(self.device),
+                                      p.loss_mask.to(self.device), int(global_tokens), cfg.clip_low, cfg.clip_high,
+                                      self.env.world, cfg.dual_clip)
+                clipped += s.clip_fraction * s.loss_tokens
+                mism += s.mismatch * s.loss_tokens
+                st.ratio_max = max(st.ratio_max, s.ratio_max)
+                st.loss += float(loss.item()) / self.env.world
+            else:   # this rank has fewer micro-batches: a zero-loss pass keeps the collectives in step
+                ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+                loss = self.engine(input_ids=ids, use_cache=False).logits.sum() * 0.0
+            self.engine.backward(loss)
+            self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        st.grad_norm = float(norm) if norm is not None else 0.0
+        st.clip_fraction = clipped / local_tokens if local_tokens else 0.0
+        st.mismatch = mism / local_tokens if local_tokens else 0.0
+        return st
+
+    def consolidated_state_dict(self) -> dict | None:
+        """Full weights on rank 0 (None elsewhere); collective under ZeRO-3."""
+        if self.cfg.zero_stage == 3:
+            sd = self.engine._zero3_consolidated_16bit_state_dict()
+            return sd if self.env.rank == 0 else None
+        return {k: v.detach().cpu() for k, v in self.module.state_dict().items()} if self.env.rank == 0 else None
+
+    def save(self, ckpt_dir: str, tag: str, client_state: dict) -> None:
+        self.engine.save_checkpoint(ckpt_dir, tag=tag, client_state=client_state)
+
+    def load(self, ckpt_dir: str) -> dict | None:
+        """Resume from the newest DeepSpeed checkpoint in `ckpt_dir` (None when there is none)."""
+        if not os.path.exists(os.path.join(ckpt_dir, "latest")):
+            return None
+        _, client = self.engine.load_checkpoint(ckpt_dir, load_optimizer_states=True, load_lr_scheduler_states=True)
+        return client
+
+
+def _to(p: Packed, device) -> Packed:
+    if str(device) == "cpu":
+        return p
+    return Packed(p.input_ids.to(device), p.position_ids.to(device), p.loss_mask, p.behaviour, p.advantages,
+                  p.episodes, p.n_tokens, p.n_loss_tokens)

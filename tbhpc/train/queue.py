@@ -1,0 +1,86 @@
+"""One step's draws, shared by every rank: claim the next draw, report its outcome, know when
+the step has enough informative groups.
+
+Why a shared counter and not a fixed split: episodes differ 10-100x in length, so a rank that got
+its share up front idles while another finishes a slow group. Here each rank's workers claim draw
+indices one at a time from a counter in torch's key-value store (the TCPStore the process group
+already relies on; an in-process HashStore on one rank), so a fast rank simply claims more.
+
+Why the decision is by draw order, not arrival order: the step keeps the first B informative
+groups *in draw order* (the cutoff is the index of the B-th one). Which groups a step trains on
+is then a function of (seed, step) alone, whatever the number of ranks or their speed, which is
+what makes a requeued run reach the same weights. Groups claimed past the cutoff are surplus:
+they stop between episodes and are discarded.
+"""
+from __future__ import annotations
+
+import threading
+
+MIXED, FLAT, DROPPED = "mixed", "flat", "dropped"   # informative | zero-variance | a system failure nobody could cure
+
+
+def decide(statuses: list[str | None], need: int, cap: int) -> int | None:
+    """The cutoff: index of the `need`-th informative group in draw order, once every draw before
+    it is known; the last index when `cap` draws are all known without enough; else None."""
+    mixed = 0
+    for i, status in enumerate(statuses[:cap]):
+        if status is None:
+            return None
+        mixed += status == MIXED
+        if mixed == need:
+            return i
+    return cap - 1 if len(statuses) >= cap and cap > 0 else None
+
+
+class DrawQueue:
+    def __init__(self, store, step: int, need: int, cap: int):
+        self.store, self.need, self.cap = store, need, cap
+        self.prefix = f"step{step}/"
+        self._lock = threading.Lock()      # one thread at a time talks to the store (TCPStore clients are not thread-safe)
+        self._known: list[str | None] = []
+        self._cutoff: int | None = None
+
+    def claim(self) -> int | None:
+        """The next draw index to run, or None when the step is decided or the cap is reached."""
+        if self.cutoff() is not None:
+            return None
+        with self._lock:
+            i = int(self.store.add(self.prefix + "next", 1)) - 1
+        return i if i < self.cap else None
+
+    def report(self, index: int, status: str) -> None:
+        with self._lock:
+            self.store.set(f"{self.prefix}r{index}", status)
+
+    def cutoff(self) -> int | None:
+        """The decided cutoff (None while undecided); reads the outcomes other ranks reported."""
+        if self._cutoff is not None:
+            return self._cutoff
+        with self._lock:
+            if self.store.check([self.prefix + "cutoff"]):
+                self._cutoff = int(self.store.get(self.prefix + "cutoff"))
+                return self._cutoff
+            while len(self._known) < self.cap:
+                key = f"{self.prefix}r{len(self._known)}"
+                if not self.store.check([key]):
+                    break
+                self._known.append(self.store.get(key).decode())
+            cut = decide(self._known, self.need, self.cap)
+            if cut is not None:
+                self.store.set(self.prefix + "cutoff", str(cut))
+                self._cutoff = cut
+        return self._cutoff
+
+    def surplus(self, index: int) -> bool:
+        cut = self.cutoff()
+        return cut is not None and index > cut
+
+
+def make_store(rank: int, world: int, host: str = "127.0.0.1", port: int = 0):
+    """HashStore on one rank; a TCPStore served by rank 0 otherwise."""
+    import datetime
+
+    import torch.distributed as dist
+    if world == 1:
+        return dist.HashStore()
+    return dist.TCPStore(host, port, world, is_master=rank == 0, timeout=datetime.timedelta(hours=2))

@@ -1,0 +1,38 @@
+"""One rank of a real gloo process group running one DeepSpeed GRPO update on a fixed global batch
+(a script the tests start 1, 2 or 3 times; tests/test_train_engine.py). Rank r takes episodes
+r, r+W, r+2W, ... of the same synthetic batch; rank 0 writes the loss, grad norm and weights."""
+import json
+import sys
+
+import numpy as np
+
+
+def main(model: str, world: int, rank: int, port: int, out: str, stage: int) -> None:
+    import torch
+
+    from tbhpc.rollout.buffer import Episode
+    from tbhpc.train.config import TrainConfig
+    from tbhpc.train.engine import DistEnv, Engine
+    from tbhpc.train.packing import pack
+
+    cfg = TrainConfig(model=model, pool="-", lr=1e-3, zero_stage=stage, microbatch_tokens=96, dual_clip=3.0)
+    eng = Engine(cfg, DistEnv(rank, world, 0, "127.0.0.1", port))
+    rng = np.random.default_rng(0)
+    vocab = eng.module.config.vocab_size
+    eps, adv = [], []
+    for n in (40, 7, 130, 22, 65, 12, 90):
+        mask = (rng.random(n) < 0.6).astype(np.uint8)
+        mask[0] = 0
+        eps.append(Episode(rng.integers(0, vocab, n), mask, np.where(mask, rng.normal(-3, 0.5, n), 0.0), 0, 0.0))
+        adv.append(float(rng.normal()))
+    mine = list(range(rank, len(eps), world))
+    stats = eng.update(pack([eps[i] for i in mine], [adv[i] for i in mine], cfg.microbatch_tokens))
+    loss = eng.all_reduce([stats.loss])[0]
+    sd = eng.consolidated_state_dict()
+    if rank == 0:
+        torch.save(sd, out + ".pt")
+        json.dump({"loss": loss, "grad_norm": stats.grad_norm, "micro": stats.micro_batches}, open(out + ".json", "w"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6]))
