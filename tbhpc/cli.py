@@ -53,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     from tbhpc import cli_serve
     cli_serve.add_parsers(sub)
     cli_serve.add_check_parser(sub)
+    from tbhpc import cli_train
+    cli_train.add_parsers(sub)
 
     demo = sub.add_parser("demo", help="evaluate the bundled pack with the built-in policies")
     demo.add_argument("--config", type=Path, default=None, help="YAML config (see jobs/demo.yaml)")
@@ -97,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "serve-check":
             from tbhpc import cli_serve
             return cli_serve.run_check(args)
+        if args.cmd == "train":
+            from tbhpc import cli_train
+            return cli_train.run(args)
         if args.cmd == "demo":
             from tbhpc import demo
             return demo.run(args)

@@ -63,6 +63,11 @@ def from_dict(cls: type[T], values: dict[str, Any], origin: dict[str, str] | Non
             sub = {k: f"{origin.get(key, cls.__name__)} ({key}.{k})" for k in value}
             values[key] = from_dict(want, value, sub)
             continue
+        if isinstance(value, str) and want is not None and _fits(1.0, want) and not _fits(value, want):
+            try:    # YAML 1.1 reads 1e-6 (no dot) as a string; a float field takes it as the number it is
+                values[key] = value = float(value)
+            except ValueError:
+                pass
         if want is not None and not _fits(value, want):
             where = origin.get(key, cls.__name__)
             raise UserError(f"{where}: field {key!r}: expected {_name(want)}, got {type(value).__name__}")

@@ -10,8 +10,9 @@ apart. Default sampling is the published one: temperature 1.0, top-k 20, top-p 0
 """
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tbhpc.errors import EndpointError
@@ -77,6 +78,7 @@ class LocalGenerator:
     eos_token_id: int
     pad_token_id: int = 0
     version: str = "base"
+    lock: Any = field(default_factory=threading.Lock, repr=False)   # one generate at a time: it seeds torch's global RNG
 
     @classmethod
     def for_tokenizer(cls, model: Any, tok: Any) -> "LocalGenerator":
@@ -86,9 +88,9 @@ class LocalGenerator:
         import torch
 
         t0 = time.monotonic()
-        torch.manual_seed(seed)
         inp = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.model.device)
-        with torch.no_grad():
+        with self.lock, torch.no_grad():
+            torch.manual_seed(seed)
             out = self.model.generate(
                 input_ids=inp, attention_mask=torch.ones_like(inp), do_sample=sampling.temperature > 0,
                 temperature=sampling.temperature or None, top_k=sampling.top_k, top_p=sampling.top_p,

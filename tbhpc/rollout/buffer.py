@@ -51,16 +51,17 @@ class Episode:
             raise ValueError(f"episode {self.attempt_key}: tokens, loss_mask and logprobs must be 1-D and equally long")
 
 
-def step_path(root: Path, step: int) -> Path:
-    return Path(root) / f"step-{step:06d}.h5"
+def step_path(root: Path, step: int, suffix: str = "") -> Path:
+    """`suffix` tells apart the files of several writers of one step (e.g. ".rank1")."""
+    return Path(root) / f"step-{step:06d}{suffix}.h5"
 
 
 def write_step(root: Path, step: int, episodes: list[Episode], policy_version: int = 0,
-               compression: str = "gzip") -> Path:
+               compression: str = "gzip", suffix: str = "") -> Path:
     """Write one step's episodes atomically; returns the file path."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    final = step_path(root, step)
+    final = step_path(root, step, suffix)
     tmp = final.with_name(f".tmp-{final.name}")
     lengths = np.array([len(e.tokens) for e in episodes], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)

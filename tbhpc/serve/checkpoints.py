@@ -67,18 +67,25 @@ def publish_checkpoint(run_dir: Path | str, step: int, model: Any, tokenizer: An
     """Save `model` (and tokenizer) with save_pretrained as safetensors, fingerprint it (one forward
     pass on the probe, unless the caller computed `fingerprint` itself), then mark it ready."""
     fp = fingerprint or compute_fingerprint(model, tokenizer)
+    return mark_ready(run_dir, step, write_checkpoint(run_dir, step, model, tokenizer), fp)
+
+
+def write_checkpoint(run_dir: Path | str, step: int, model: Any, tokenizer: Any = None,
+                     state_dict: dict | None = None) -> Path:
+    """Step 1 alone: `RUN/checkpoints/step-N/` written whole or not at all. `state_dict` replaces
+    the model's own tensors (a trainer whose parameters are sharded passes the gathered ones)."""
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / version_name(step)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": state_dict} if state_dict is not None else {}))
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    return mark_ready(run_dir, step, final, fp)
+    return final
 
 
 def mark_ready(run_dir: Path | str, step: int, path: Path | str, fingerprint: Fingerprint | None = None) -> Published:

@@ -152,7 +152,7 @@ def _upsert(con) -> int:
     # never replace an ok result by a later system error (in place: copying a million rows costs seconds)
     con.execute(f"DELETE FROM {fresh} f WHERE f.status <> 'ok' AND EXISTS (SELECT 1 FROM attempts a WHERE {on} AND a.status = 'ok')")
     con.execute(f"DELETE FROM attempts a WHERE EXISTS (SELECT 1 FROM {fresh} f WHERE {on})")
-    con.execute(f"INSERT INTO attempts SELECT * FROM {fresh}")
+    con.execute(f"INSERT INTO attempts BY NAME SELECT * FROM {fresh}")   # by name: older files got new columns appended
     return con.execute(f"SELECT count(*) FROM {fresh}").fetchone()[0]
 
 

@@ -22,7 +22,9 @@ ATTEMPT_COLUMNS: dict[str, str] = {
     "slurm_job_id": "VARCHAR", "slurm_array_job_id": "VARCHAR", "slurm_array_task_id": "VARCHAR",
     "started_at": "TIMESTAMP", "finished_at": "TIMESTAMP",
     "error": "VARCHAR", "error_kind": "VARCHAR", "final_hash": "VARCHAR", "golden_hash": "VARCHAR",
-    "diff": "VARCHAR", "final_message": "VARCHAR", "shard": "VARCHAR",
+    "diff": "VARCHAR", "final_message": "VARCHAR",
+    "train_step": "INTEGER", "policy_version": "VARCHAR",     # training rollouts only (NULL for probes and evals)
+    "shard": "VARCHAR",
 }
 SHARD_COLUMNS = {k: v for k, v in ATTEMPT_COLUMNS.items() if k != "shard"}  # `shard` is added at merge
 
@@ -36,6 +38,8 @@ CREATE TABLE IF NOT EXISTS tasks (
 CREATE TABLE IF NOT EXISTS plan (campaign VARCHAR, task_id VARCHAR, policy_id VARCHAR, repeats INTEGER);
 CREATE TABLE IF NOT EXISTS attempts (
     {", ".join(f"{c} {t}" for c, t in ATTEMPT_COLUMNS.items())});
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS train_step INTEGER;
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS policy_version VARCHAR;
 CREATE TABLE IF NOT EXISTS merged_shards (shard VARCHAR PRIMARY KEY, rows INTEGER, merged_at TIMESTAMP);
 CREATE TABLE IF NOT EXISTS quarantined_shards (shard VARCHAR PRIMARY KEY, error VARCHAR, quarantined_at TIMESTAMP);
 CREATE OR REPLACE VIEW task_stats AS

@@ -38,8 +38,12 @@ class TrainConfig:
     max_tokens: int = 1024                # per generation
     response_budget: int = 8192           # generated tokens per episode
     max_context: int = 0                  # stop an episode whose prompt reaches this (0: no check)
-    user: str = "scripted"
-    judge: str = "keyword"
+    user: str = "scripted"                # scripted | openai (then user_url, user_model)
+    user_url: str | None = None
+    user_model: str = "default"
+    judge: str = "keyword"                # keyword | openai (then judge_url, judge_model)
+    judge_url: str | None = None
+    judge_model: str = "default"
     # the loss
     normalize_std: bool = False
     clip_low: float = 0.2

@@ -41,8 +41,8 @@ class DrawQueue:
         self._cutoff: int | None = None
 
     def claim(self) -> int | None:
-        """The next draw index to run, or None when the step is decided or the cap is reached."""
-        if self.cutoff() is not None:
+        """The next draw index to run, or None when the step is decided, aborted or at its cap."""
+        if self.cutoff() is not None or self.aborted():
             return None
         with self._lock:
             i = int(self.store.add(self.prefix + "next", 1)) - 1
@@ -70,6 +70,15 @@ class DrawQueue:
                 self.store.set(self.prefix + "cutoff", str(cut))
                 self._cutoff = cut
         return self._cutoff
+
+    def abort(self) -> None:
+        """Every rank stops claiming (a preemption signal reached one of them)."""
+        with self._lock:
+            self.store.set(self.prefix + "abort", "1")
+
+    def aborted(self) -> bool:
+        with self._lock:
+            return self.store.check([self.prefix + "abort"])
 
     def surplus(self, index: int) -> bool:
         cut = self.cutoff()

@@ -69,6 +69,8 @@ def run_rank_rollouts(ctx: RolloutContext, queue: DrawQueue, step: int, expected
                 with lock:
                     out.append(g)
                 queue.cutoff()    # decide as soon as the outcomes allow: other workers stop claiming
+            if stop.is_set():
+                queue.abort()     # a signal here stops every rank's claims
         threads = [threading.Thread(target=worker, name=f"group-{k}") for k in range(group_threads)]
         for t in threads:
             t.start()

@@ -1,0 +1,281 @@
+"""`tbhpc train RUN`: the GRPO loop, one optimiser update per step, every rank running this file.
+
+    for step s = 1, 2, ...:
+      sample from the weights of step s-1 (the verified server version, or the local copy)
+      rollouts    ranks claim draws from the shared queue until B mixed groups exist in draw order
+      record      attempt rows (shard -> results.duckdb), the episodes token-exact (buffers/step-s.h5)
+      update      group-centred advantages, packed micro-batches, PPO-clip token mean, one AdamW step
+      checkpoint  DeepSpeed state (resume) -- before publishing, so a published step is always resumable
+      publish     gathered weights -> checkpoints/step-s + fingerprint marker; the server syncs and verifies
+      log         train_steps row + console line (+ TensorBoard)
+
+On USR2/SIGTERM (Slurm's warning before a time limit or preemption) every rank stops at the next
+safe point: a step whose rollouts were cut short is abandoned (it is redrawn identically on
+resume), a step past its rollouts is finished and checkpointed; then rank 0 requeues the job.
+The structure keeps generation and update apart so that generating step s+1 during the update of
+step s (one-step-off-policy) only changes which version `_sampling_weights` waits for.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tbhpc.errors import TbhpcError, UserError
+from tbhpc.serve.checkpoints import BASE_VERSION, mark_ready, published, version_name, write_checkpoint
+from tbhpc.train.config import TrainConfig
+from tbhpc.train.draw import load_pool
+from tbhpc.train.engine import DistEnv, Engine
+from tbhpc.train.grpo import group_advantages
+from tbhpc.train.packing import pack
+from tbhpc.train.queue import MIXED, DrawQueue, make_store
+from tbhpc.train.record import open_train_run, read_steps, record_step, step_line
+from tbhpc.train.rollouts import RolloutContext, run_rank_rollouts
+
+STOPPED = 3     # exit status of a run stopped by a signal outside Slurm (run the same command to resume)
+
+
+class Preempted(TbhpcError):
+    """A signal asked the trainer to stop; its state is saved."""
+
+
+def version_of(step: int) -> str:
+    return BASE_VERSION if step == 0 else version_name(step)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, run_path: Path, env: DistEnv | None = None, log=print):
+        cfg.validate()
+        if cfg.generator == "server" and cfg.checkpoint_every != 1:
+            raise UserError("train config: generator=server needs checkpoint_every=1 (the server only moves forward: "
+                            "a resume must start from the step it serves)")
+        self.cfg, self.env, self.log = cfg, env or DistEnv.from_environ(), log
+        self.rank0 = self.env.rank == 0
+        self.stop = threading.Event()
+        from tbhpc.campaign.config import CampaignConfig, select_tasks
+        pool = load_pool(cfg.pool, cfg.exclude)
+        tasks = select_tasks(CampaignConfig(pack=cfg.pack, tasks=cfg.pool, split="all"))
+        self.run_path = Path(run_path).resolve()
+        self.eng = Engine(cfg, self.env)
+        if self.rank0:
+            self.run = open_train_run(cfg, self.run_path, tasks)
+        self.eng.barrier()
+        from tbhpc.store.run_dir import RunDir
+        self.run = RunDir(self.run_path).require()
+        self.store = make_store(self.env.rank, self.env.world, self.env.master_addr, self.env.master_port + 1)
+        self.ctx = RolloutContext(pool, {t.id: t for t in tasks}, _domain, self._policy(), *_user_judge(cfg),
+                                  group_size=cfg.group_size, seed=cfg.seed, max_reruns=cfg.max_reruns,
+                                  episodes_in_flight=cfg.episodes_in_flight if cfg.generator == "server" else 1)
+        self.tb = _tensorboard(self.run_path) if cfg.tensorboard and self.rank0 else None
+
+    # ---- generation side -------------------------------------------------------------------
+    def _policy(self):
+        from tbhpc.policy.tokens import TokenPolicy
+        c = self.cfg
+        return TokenPolicy(model_path=c.model, generator=c.generator, endpoint=str(self.run_path), temperature=c.temperature,
+                           top_k=c.top_k, top_p=c.top_p, max_tokens=c.max_tokens, response_budget=c.response_budget,
+                           max_context=c.max_context, seed=c.seed, threads=c.torch_threads)
+
+    def _sampling_weights(self, step: int) -> float:
+        """Make the generator sample from step-1's weights; returns the seconds spent waiting."""
+        t0, want = time.monotonic(), version_of(step - 1)
+        if self.cfg.generator == "server":
+            from tbhpc.serve.endpoint import wait_for_version
+            wait_for_version(self.run_path, want, timeout_s=self.cfg.sync_timeout_s)
+        else:
+            from transformers import AutoModelForCausalLM
+
+            from tbhpc.policy.generation import LocalGenerator
+            path = self.cfg.model if step == 1 else str(published(self.run_path, step - 1).path)
+            import torch
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            gen = LocalGenerator.for_tokenizer(model, self.eng.tokenizer)
+            gen.version = want
+            self.ctx.policy._engine = (self.eng.tokenizer, gen)
+        return time.monotonic() - t0
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def fit(self) -> int:
+        """Run steps until cfg.steps; returns the last finished step. Raises Preempted on a signal."""
+        self._install_signals()
+        client = self.eng.load(str(self.run_path / "ds_checkpoints"))
+        start = int(client["step"]) + 1 if client else 1
+        if client and self.rank0:
+            self.log(f"train: resumed from the DeepSpeed checkpoint of step {start - 1}")
+        if start > 1 and published(self.run_path, start - 1) is None:
+            self._publish(start - 1)          # saved but never published (stopped in between)
+        for step in range(start, self.cfg.steps + 1):
+            self._step(step)
+        return self.cfg.steps
+
+    def _step(self, step: int) -> None:
+        cfg, t_step = self.cfg, time.monotonic()
+        sync_s = self._sampling_weights(step)
+        t0 = time.monotonic()
+        queue = DrawQueue(self.store, step, cfg.groups_per_step, cfg.draw_cap)
+        outcomes = run_rank_rollouts(self.ctx, queue, step, expected_version=step - 1, stop=self.stop)
+        rollout_s = time.monotonic() - t0
+        if self._agree_to_stop():
+            raise Preempted(f"stopped during the rollouts of step {step}; it is redrawn on resume")
+        cutoff = queue.cutoff()
+        if cutoff is None:
+            raise TbhpcError(f"step {step}: the rollouts ended undecided (cap {cfg.draw_cap})")
+        mine = [g for g in outcomes if g.index <= cutoff and g.status in (MIXED, "flat")]
+        kept = [g for g in mine if g.status == MIXED]
+        episodes, adv = self._advantages(kept)
+        self._record_attempts(step, mine)
+        t0 = time.monotonic()
+        stats = self.eng.update(pack(episodes, adv, cfg.microbatch_tokens))
+        update_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            self._checkpoint(step)
+        self._publish(step)
+        publish_s = time.monotonic() - t0
+        row = self._step_row(step, outcomes, cutoff, stats, dict(rollout_s=rollout_s, update_s=update_s, publish_s=publish_s,
+                                                                 sync_s=sync_s, step_s=time.monotonic() - t_step))
+        if self.rank0:
+            record_step(self.run, row)
+            from tbhpc.store.merge import merge
+            merge(self.run)
+            self.log(step_line(row))
+            if self.tb is not None:
+                for k, v in row.items():
+                    if isinstance(v, (int, float)) and not isinstance(v, bool):
+                        self.tb.add_scalar(f"train/{k}", v, step)
+                self.tb.flush()
+        if self._agree_to_stop():
+            raise Preempted(f"stopped after step {step} (checkpointed)")
+
+    def _advantages(self, kept):
+        episodes, adv = [], []
+        for g in kept:
+            a = group_advantages([r.episode.reward for r in g.rollouts], [g.index] * len(g.rollouts), self.cfg.normalize_std)
+            for r, x in zip(g.rollouts, a):
+                r.episode.advantage = float(x)
+                episodes.append(r.episode)
+                adv.append(float(x))
+        return episodes, adv
+
+    def _record_attempts(self, step: int, groups) -> None:
+        from tbhpc.campaign.worker import attempt_row
+        from tbhpc.rollout.buffer import write_step
+        from tbhpc.store.shards import write_shard
+        rows, eps = [], []
+        for g in groups:
+            for k, r in enumerate(g.rollouts):
+                version = version_of(r.episode.policy_version)
+                started = datetime.now(timezone.utc)
+                row = attempt_row(r.result, self.cfg.name, version, g.index * self.cfg.group_size + k, started)
+                row.update(train_step=step, policy_version=version)
+                rows.append(row)
+                eps.append(r.episode)
+        suffix = "" if self.env.world == 1 else f".rank{self.env.rank}"
+        if rows:
+            write_shard(self.run.shards, rows)
+        write_step(self.run_path / "buffers", step, eps, policy_version=step - 1, suffix=suffix)
+
+    def _checkpoint(self, step: int) -> None:
+        d = self.run_path / "ds_checkpoints"
+        self.eng.save(str(d), version_name(step), {"step": step, "seed": self.cfg.seed})
+        if self.rank0:
+            tags = sorted(p for p in d.glob("step-*") if p.is_dir())
+            for old in tags[:-self.cfg.keep_checkpoints]:
+                shutil.rmtree(old, ignore_errors=True)
+
+    def _publish(self, step: int) -> None:
+        """Gathered weights -> checkpoints/step-N + its fingerprint (collective: every rank calls it)."""
+        from tbhpc.serve.fingerprint import compute_fingerprint
+        sd = self.eng.consolidated_state_dict()
+        fp = compute_fingerprint(self.eng.module, self.eng.tokenizer)
+        if self.rank0:
+            path = write_checkpoint(self.run_path, step, self.eng.module, self.eng.tokenizer, state_dict=sd)
+            mark_ready(self.run_path, step, path, fp)
+            if (self.cfg.export_every and step % self.cfg.export_every == 0) or step == self.cfg.steps:
+                dest = self.run_path / "exports" / version_name(step)
+                shutil.rmtree(dest, ignore_errors=True)
+                shutil.copytree(path, dest)
+        self.eng.barrier()
+
+    def _step_row(self, step, outcomes, cutoff, stats, timings) -> dict:
+        import torch.distributed as dist
+        mine = [g for g in outcomes if g.index <= cutoff]
+        local = {
+            "drawn": len(mine), "kept": sum(g.status == MIXED for g in mine), "flat": sum(g.status == "flat" for g in mine),
+            "dropped": sum(g.status == "dropped" for g in mine), "surplus": sum(g.index > cutoff for g in outcomes),
+            "reruns": sum(g.reruns for g in outcomes),
+            "reward_sum": sum(r.episode.reward for g in mine for r in g.rollouts),
+            "kept_reward_sum": sum(r.episode.reward for g in mine if g.status == MIXED for r in g.rollouts),
+            "episodes": sum(len(g.rollouts) for g in mine), "kept_episodes": sum(len(g.rollouts) for g in mine if g.status == MIXED),
+            "tokens": stats.tokens, "loss_tokens": stats.loss_tokens, "micro_batches": stats.micro_batches,
+            "loss": stats.loss, "clip_tokens": stats.clip_fraction * stats.loss_tokens,
+            "mismatch_tokens": stats.mismatch * stats.loss_tokens, "ratio_max": stats.ratio_max,
+            "staleness": max((step - 1 - r.episode.policy_version for g in mine for r in g.rollouts), default=0),
+        }
+        parts = [local]
+        if self.env.world > 1:
+            parts = [None] * self.env.world
+            dist.all_gather_object(parts, local)
+        tot = {k: sum(p[k] for p in parts) for k in local if k not in ("ratio_max", "staleness")}
+        lt = tot["loss_tokens"] or 1
+        return {
+            "run": self.cfg.name, "step": step, "policy_version": version_of(step - 1), "world": self.env.world,
+            **{k: int(tot[k]) for k in ("drawn", "kept", "flat", "dropped", "surplus", "reruns", "episodes", "tokens",
+                                        "loss_tokens", "micro_batches")},
+            "mixed_share": tot["kept"] / max(tot["kept"] + tot["flat"], 1),
+            "reward_mean": tot["reward_sum"] / max(tot["episodes"], 1),
+            "kept_reward_mean": tot["kept_reward_sum"] / max(tot["kept_episodes"], 1),
+            "loss": tot["loss"], "grad_norm": stats.grad_norm, "clip_fraction": tot["clip_tokens"] / lt,
+            "mismatch": tot["mismatch_tokens"] / lt, "ratio_max": max(p["ratio_max"] for p in parts),
+            "staleness": max(p["staleness"] for p in parts), "normalize_std": self.cfg.normalize_std,
+            **{k: round(v, 4) for k, v in timings.items()},
+            "finished_at": datetime.now(timezone.utc).replace(tzinfo=None).isoformat(sep=" "),
+        }
+
+    # ---- signals -----------------------------------------------------------------------------
+    def _install_signals(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGUSR2, signal.SIGTERM):
+            signal.signal(sig, lambda *_: self.stop.set())
+
+    def _agree_to_stop(self) -> bool:
+        return bool(self.eng.all_reduce([1.0 if self.stop.is_set() else 0.0], "max")[0])
+
+
+def requeue_or_exit(rank0: bool, log=print) -> int:
+    """After Preempted: under Slurm, rank 0 requeues the job (it restarts from the checkpoint);
+    elsewhere the caller exits with STOPPED and the same command resumes."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if job and rank0:
+        out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        log(f"train: requeued job {job}" if out.returncode == 0 else f"train: scontrol requeue {job} failed: {out.stderr.strip()}")
+    return 0 if job else STOPPED
+
+
+def _domain(name: str):
+    from tbhpc.domains import get_domain
+    return get_domain(name)
+
+
+def _user_judge(cfg: TrainConfig):
+    from tbhpc.agents import build_judge, build_user
+    return build_user(cfg), build_judge(cfg)
+
+
+def _tensorboard(run_path: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise UserError(f"train config: tensorboard=true needs the tensorboard package ({exc})") from None
+    return SummaryWriter(str(run_path / "tensorboard"))
+
+
+def steps_done(run_path: Path) -> list[dict]:
+    from tbhpc.store.run_dir import RunDir
+    return read_steps(RunDir(Path(run_path)))

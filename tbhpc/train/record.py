@@ -1,0 +1,112 @@
+"""What a training run leaves behind, in the same run directory layout as a campaign:
+
+    RUN/campaign.json, config.yaml, plan.jsonl, tasks.json   kind "train"; the plan is the pool (repeats = G)
+    RUN/shards/ -> results.duckdb `attempts`                  one row per rollout episode: campaign = the
+                                                             run's name, policy_id = the weights that sampled
+                                                             it, train_step, policy_version
+    RUN/results.duckdb `train_steps`                          one row per step (logs/train_steps.jsonl too)
+    RUN/buffers/step-N[.rankR].h5                             the episodes token-exact (rollout/buffer.py)
+    RUN/checkpoints/step-N (+ .ready)                         published weights (serve/checkpoints.py)
+    RUN/ds_checkpoints/                                       DeepSpeed state for resume
+    RUN/exports/step-N                                        HF exports kept for evaluation
+
+Why the campaign layout: rollouts are attempts like any other, so the SQL that reads probes and
+evals reads training too (`SELECT train_step, avg(reward) FROM attempts GROUP BY 1`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import yaml
+
+from tbhpc.campaign.config import pack_hash, plan_rows
+from tbhpc.config import resolved
+from tbhpc.errors import UserError
+from tbhpc.store.merge import connect, insert_rows
+from tbhpc.store.run_dir import RunDir
+from tbhpc.train.config import TrainConfig
+
+# fields that say how a run executes, not what it learns: they may change when a run resumes
+EXECUTION_FIELDS = ("steps", "episodes_in_flight", "microbatch_tokens", "torch_threads", "checkpoint_every",
+                    "keep_checkpoints", "export_every", "sync_timeout_s", "tensorboard", "nodes", "gpus_per_node",
+                    "serve_config", "serve", "slurm")
+
+STEP_COLUMNS: dict[str, str] = {
+    "run": "VARCHAR", "step": "INTEGER", "policy_version": "VARCHAR", "world": "INTEGER",
+    "drawn": "INTEGER", "kept": "INTEGER", "flat": "INTEGER", "dropped": "INTEGER", "surplus": "INTEGER",
+    "reruns": "INTEGER", "mixed_share": "DOUBLE", "reward_mean": "DOUBLE", "kept_reward_mean": "DOUBLE",
+    "episodes": "INTEGER", "tokens": "BIGINT", "loss_tokens": "BIGINT", "micro_batches": "INTEGER",
+    "loss": "DOUBLE", "grad_norm": "DOUBLE", "clip_fraction": "DOUBLE", "mismatch": "DOUBLE", "ratio_max": "DOUBLE",
+    "staleness": "INTEGER", "normalize_std": "BOOLEAN",
+    "rollout_s": "DOUBLE", "update_s": "DOUBLE", "publish_s": "DOUBLE", "sync_s": "DOUBLE", "step_s": "DOUBLE",
+    "finished_at": "TIMESTAMP",
+}
+
+
+def identity(cfg: TrainConfig) -> dict:
+    d = resolved(cfg)
+    for k in EXECUTION_FIELDS:
+        d.pop(k, None)
+    return d
+
+
+def open_train_run(cfg: TrainConfig, path: Path, tasks: list) -> RunDir:
+    """Create the run directory, or check that an existing one is the same training run."""
+    run = RunDir(Path(path))
+    ident = json.dumps({**identity(cfg), "pack_hash": pack_hash(_pack(cfg))}, sort_keys=True, default=str)
+    chash = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    if run.exists():
+        if run.config_hash() != chash:
+            old = yaml.safe_load(run.config_file.read_text(encoding="utf-8")) or {}
+            diffs = [k for k, v in identity(cfg).items() if old.get(k, v) != v]
+            what = f"field {diffs[0]!r} differs" if diffs else "the task pack changed"
+            raise UserError(f"{run.path}: holds a different training run ({what}); use a new run directory")
+        return run
+    camp = {"campaign": cfg.name, "kind": "train", "policy_id": Path(cfg.model).name or cfg.model, "config_hash": chash,
+            "config": resolved(cfg), "created_at": datetime.now(timezone.utc).isoformat(sep=" ")[:26], "source": "tbhpc"}
+    run.create(resolved(cfg), chash, camp, plan_rows(tasks, cfg.group_size), [t.to_dict() for t in tasks])
+    return run
+
+
+def _pack(cfg: TrainConfig) -> Path:
+    from tbhpc.tasks.loader import default_pack_dir
+    return Path(cfg.pack) if cfg.pack else default_pack_dir()
+
+
+def record_step(run: RunDir, row: dict) -> None:
+    """Append the step to logs/train_steps.jsonl and replace it in `train_steps` (under the run's lock)."""
+    run.logs.mkdir(parents=True, exist_ok=True)
+    with open(run.logs / "train_steps.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(row, default=str) + "\n")
+    with run.lock():
+        con = connect(run)
+        try:
+            con.execute(f"CREATE TABLE IF NOT EXISTS train_steps ({', '.join(f'{c} {t}' for c, t in STEP_COLUMNS.items())}, "
+                        "PRIMARY KEY (run, step))")
+            insert_rows(con, "train_steps", [row], STEP_COLUMNS, replace=True)
+        finally:
+            con.close()
+
+
+def read_steps(run: RunDir) -> list[dict]:
+    path = run.logs / "train_steps.jsonl"
+    if not path.exists():
+        return []
+    last: dict[int, dict] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            last[int(row["step"])] = row      # a re-run step (after a requeue) replaces the earlier line
+    return [last[k] for k in sorted(last)]
+
+
+def step_line(row: dict) -> str:
+    """The console line of one step (pure)."""
+    return (f"step {row['step']:>4} [{row['policy_version']}] reward {row['reward_mean']:.3f} "
+            f"mixed {row['kept']}/{row['kept'] + row['flat']} (drawn {row['drawn']}, dropped {row['dropped']}, "
+            f"re-runs {row['reruns']}) tokens {row['tokens']} loss {row['loss']:+.4f} |g| {row['grad_norm']:.3g} "
+            f"clip {row['clip_fraction']:.3f} Δlp {row['mismatch']:.2e} | rollout {row['rollout_s']:.1f}s "
+            f"update {row['update_s']:.1f}s publish {row['publish_s']:.1f}s sync {row['sync_s']:.1f}s")
