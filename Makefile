@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: env env-vllm model-smollm2 test demo bench clean tasks slurm-up slurm-down
+.PHONY: env env-vllm model-smollm2 test demo bench clean tasks slurm-up slurm-down train warmstart
 
 NODES   ?= 3
 SLURM_STATE ?= /tmp/tbhpc-slurm
@@ -47,6 +47,25 @@ bench: env env-vllm model-smollm2
 	NODES=$(NODES) STATE=$(SLURM_STATE) bash slurm/local/with-cluster.sh $(VPY) bench/fanout.py
 	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/serve_throughput.py
 	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/weight_sync.py
+
+# GRPO training: `make train NODES=3 [CONFIG=jobs/train-*.yaml] [RUN=runs/train]`. With a reachable
+# Slurm cluster (sinfo answers) it submits the serving job and the trainer job and returns; without
+# one it starts the local test cluster (slurm/local), runs the same jobs on it, follows them to the
+# end and stops the cluster. The default config trains the tiny warm start (`make warmstart`).
+CONFIG ?= jobs/train.yaml
+RUN    ?= runs/train
+WARM   := build/models/tiny-warm
+warmstart: $(WARM)/config.json
+$(WARM)/config.json: $(STAMP)
+	OMP_NUM_THREADS=1 $(VENV)/bin/tbhpc warmstart --out $(WARM) --tasks jobs/pools/smoke.yaml --steps 100
+
+train: env env-vllm $(WARM)/config.json
+	@if sinfo >/dev/null 2>&1; then \
+	  $(VENV)/bin/tbhpc submit train --config $(CONFIG) --out $(RUN) nodes=$(NODES); \
+	else \
+	  NODES=$(NODES) STATE=$(SLURM_STATE) bash slurm/local/with-cluster.sh \
+	    $(VENV)/bin/tbhpc submit train --config $(CONFIG) --out $(RUN) --wait nodes=$(NODES); \
+	fi
 
 # Regenerate the bundled task pack (deterministic: same seed, same bytes).
 tasks: env

@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "train":
             from tbhpc import cli_train
             return cli_train.run(args)
+        if args.cmd == "warmstart":
+            from tbhpc import cli_train
+            return cli_train.run_warmstart(args)
         if args.cmd == "demo":
             from tbhpc import demo
             return demo.run(args)

@@ -27,11 +27,13 @@ def add_parsers(sub) -> None:
         p.add_argument("--executor", default="local")
         p.add_argument("--workers", type=int, help="local worker processes (overrides workers=)")
         p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    sb = sub.add_parser("submit", help="submit a campaign to Slurm: array -> merge -> agg/select (fire and forget)")
-    sb.add_argument("kind", choices=("probe", "eval"))
+    sb = sub.add_parser("submit", help="submit to Slurm: a campaign (array -> merge -> agg/select) or a training run "
+                                       "(serving job + trainer job); fire and forget")
+    sb.add_argument("kind", choices=("probe", "eval", "train"))
     sb.add_argument("--out", type=Path, required=True)
     sb.add_argument("--config", type=Path)
     sb.add_argument("--dry-run", action="store_true", help="print the sbatch scripts, submit nothing")
+    sb.add_argument("--wait", action="store_true", help="train: follow the run until the trainer job ends")
     sb.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     stt = sub.add_parser("status", help="per-stage progress of a submitted campaign (one batched squeue call)")
     stt.add_argument("run", type=Path)
@@ -52,6 +54,11 @@ def run(args) -> int:
         print(f"{args.out}: {res.planned} planned, {res.already_done} already done, {res.executed} executed "
               f"({res.ok} ok, {res.system_errors} system errors), {res.missing} still to run")
         return 0 if res.missing == 0 else 1
+    if args.cmd == "submit" and args.kind == "train":
+        from tbhpc.cli_train import load
+        from tbhpc.launch.train import submit_train
+        print(submit_train(load(args), args.out, args.dry_run, wait=args.wait), end="" if args.dry_run else "\n")
+        return 0
     if args.cmd == "submit":
         from tbhpc.launch.submit import submit_campaign
         cfg = load_config(CampaignConfig, args.config, args.overrides, base=KIND_DEFAULTS[args.kind])

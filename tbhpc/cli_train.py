@@ -15,6 +15,32 @@ def add_parsers(sub) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
 
 
+    w = sub.add_parser("warmstart", help="build a small model and fine-tune it on oracle episodes (a GRPO start point)")
+    w.add_argument("--out", type=Path, required=True, help="where the warm-started HF model goes")
+    w.add_argument("--tasks", type=Path, required=True, help="task ids to learn from (a pool file or id list)")
+    w.add_argument("--base", type=Path, help="start from this HF model (default: a new tiny Qwen3 model)")
+    w.add_argument("--pack", default=None)
+    w.add_argument("--steps", type=int, default=150)
+    w.add_argument("--lr", type=float, default=3e-3)
+    w.add_argument("--batch-tokens", type=int, default=2048)
+    w.add_argument("--seed", type=int, default=0)
+
+
+def run_warmstart(args) -> int:
+    import tempfile
+
+    from tbhpc.campaign.config import CampaignConfig, select_tasks
+    from tbhpc.policy.tiny import build_tiny_model
+    from tbhpc.train.sft import sft
+    tasks = select_tasks(CampaignConfig(pack=args.pack, tasks=str(args.tasks), split="all"))
+    with tempfile.TemporaryDirectory() as tmp:
+        base = str(args.base) if args.base else str(build_tiny_model(Path(tmp) / "base", seed=args.seed))
+        out = sft(base, str(args.out), tasks, steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens, seed=args.seed,
+                  log=lambda m: print(m, flush=True))
+    print(f"warmstart: {out} (fine-tuned on oracle episodes of {len(tasks)} tasks, {args.steps} steps)")
+    return 0
+
+
 def load(args):
     from tbhpc.train.config import TrainConfig
     cfg = load_config(TrainConfig, args.config, args.overrides)
@@ -35,5 +61,17 @@ def run(args) -> int:
         return requeue_or_exit(trainer.rank0)
     if trainer.rank0:
         print(f"train: {args.run}: {last} steps done; weights in {args.run}/exports/step-{last:06d}", flush=True)
+        _stop_serving_job(args.run)
     sys.stdout.flush()
     return 0
+
+
+def _stop_serving_job(run: Path) -> None:
+    """A run submitted with `tbhpc submit train` ends its serving job with its training."""
+    import subprocess
+
+    import yaml
+    jobs = run / "slurm" / "train-jobs.yaml"
+    if jobs.exists() and (serve := (yaml.safe_load(jobs.read_text()) or {}).get("serve")):
+        subprocess.run(["scancel", str(serve)], capture_output=True)
+        print(f"train: training done; cancelled the serving job {serve}", flush=True)

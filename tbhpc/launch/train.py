@@ -1,0 +1,146 @@
+"""`tbhpc submit train`: the serving job and the trainer job of one run, tied by the run directory.
+
+Why two jobs and not one heterogeneous job: the two halves live differently. The server holds
+its GPUs for the whole run, survives trainer requeues (it keeps serving the newest verified
+weights) and may sit on another partition; the trainer is requeued on preemption or a time
+limit and resumes from its DeepSpeed checkpoint. A het job is scheduled, requeued and ended as
+one unit, so a trainer requeue would also restart the server (minutes of vLLM start-up).
+The trainer job depends on the server job having *started* (`--dependency=after:`) and finds it
+through `RUN/endpoint.json`, the same file every other client reads.
+
+Inside the trainer allocation `srun` starts one process per GPU (one per node on CPU nodes); rank,
+world size and local rank come from Slurm's environment (SLURM_PROCID, SLURM_NTASKS,
+SLURM_LOCALID), the master address is the first node's address and the port derives from the job
+id. No Ray, no pdsh, no launcher of our own. NCCL settings (NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ...)
+set when submitting pass through to every rank (sbatch exports the environment by default).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+
+import yaml
+
+from tbhpc.errors import UserError
+from tbhpc.launch.sbatch import _common, _script, render_serve
+from tbhpc.train.config import TrainConfig
+
+SERVE_PLACEHOLDER = "${SERVE_JOB_ID}"
+
+
+def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, serve_job: str | None = None) -> str:
+    """The trainer job (pure: golden-tested)."""
+    opts = cfg.slurm
+    per_node = cfg.gpus_per_node or 1
+    header = [f"--nodes={cfg.nodes}", f"--ntasks-per-node={per_node}", "--requeue",
+              f"--signal=USR2@{opts.signal_seconds}"]
+    if serve_job:
+        header.insert(0, f"--dependency=after:{serve_job}")
+    header += _common(opts, f"tbhpc-train-{cfg.name}", f"{run}/logs/slurm/%x-%j.out")
+    if cfg.gpus_per_node and not opts.gres:
+        header.append(f"--gpus-per-node={cfg.gpus_per_node}")
+    body = [
+        "# rank 0's node hosts the process-group rendezvous; the port is derived from the job id",
+        'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+        'export MASTER_ADDR=$(scontrol show node "$first" | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')',
+        "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        f"export OMP_NUM_THREADS={cfg.torch_threads}",
+        "# USR2 (before the time limit) and SIGTERM (preemption) reach every rank: they checkpoint, rank 0 requeues",
+        "srun --kill-on-bad-exit=1 " + " ".join(shlex.quote(c) for c in
+                                              [opts.python, "-m", "tbhpc.cli", "train", run, "--config", config_path]),
+    ]
+    return _script(header, body, workdir)
+
+
+def serve_config_for(cfg: TrainConfig):
+    """The serving job's config: the train config's serve_config file + its `serve` overrides,
+    serving the run's initial model."""
+    from tbhpc.config import from_dict
+    from tbhpc.serve.config import ServeConfig
+    base = {}
+    if cfg.serve_config:
+        path = Path(cfg.serve_config)
+        if not path.exists():
+            raise UserError(f"train config: field 'serve_config': {path} does not exist")
+        base = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    values = {**base, **cfg.serve, "model": cfg.model}
+    scfg = from_dict(ServeConfig, values, {k: "train config field 'serve'" for k in cfg.serve})
+    scfg.validate("train config (serve)")
+    return scfg
+
+
+def render_train_pipeline(run: str, cfg: TrainConfig, workdir: str, serve_job: str = SERVE_PLACEHOLDER) -> dict[str, str]:
+    """Every script of a training run, in submission order."""
+    scripts = {}
+    if cfg.generator == "server":
+        scfg = serve_config_for(cfg)
+        gpus = scfg.tensor_parallel_size * scfg.data_parallel_size if cfg.gpus_per_node else 0
+        scripts["serve.sbatch"] = render_serve(run, f"{run}/serve.yaml", scfg.slurm, workdir, gpus=gpus)
+    scripts["train.sbatch"] = render_train(run, f"{run}/train.yaml", cfg, workdir,
+                                           serve_job if cfg.generator == "server" else None)
+    return scripts
+
+
+def submit_train(cfg: TrainConfig, out: Path, dry_run: bool = False, workdir: str | None = None,
+                 wait: bool = False, log=print) -> str:
+    from tbhpc.launch.submit import dry_run_text
+    run = Path(out).resolve()
+    workdir = workdir or os.getcwd()
+    if dry_run:
+        return dry_run_text(render_train_pipeline(str(run), cfg, workdir))
+    (run / "logs" / "slurm").mkdir(parents=True, exist_ok=True)
+    (run / "slurm").mkdir(parents=True, exist_ok=True)
+    (run / "train.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False), encoding="utf-8")
+    jobs: dict[str, str] = {}
+    if cfg.generator == "server":
+        (run / "serve.yaml").write_text(yaml.safe_dump(asdict(serve_config_for(cfg)), sort_keys=False), encoding="utf-8")
+    for name, _ in render_train_pipeline(str(run), cfg, workdir).items():
+        text = render_train_pipeline(str(run), cfg, workdir, jobs.get("serve", SERVE_PLACEHOLDER))[name]
+        path = run / "slurm" / name
+        path.write_text(text, encoding="utf-8")
+        jobs[name.split(".")[0]] = _sbatch(path)
+    (run / "slurm" / "train-jobs.yaml").write_text(yaml.safe_dump(jobs), encoding="utf-8")
+    log(f"{run}: " + ", ".join(f"{k} job {v}" for k, v in jobs.items()))
+    if wait:
+        return follow_train(run, jobs, cfg.steps, log)
+    return (f"{run}: " + ", ".join(f"{k} job {v}" for k, v in jobs.items())
+            + f"\nfollow with: tail -f {run}/logs/slurm/*.out; results: {run}/results.duckdb (train_steps, attempts)")
+
+
+def _sbatch(path: Path) -> str:
+    out = subprocess.run(["sbatch", "--parsable", str(path)], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise UserError(f"sbatch {path}: {out.stderr.strip() or out.stdout.strip()}")
+    return out.stdout.strip().split(";")[0]
+
+
+def follow_train(run: Path, jobs: dict[str, str], steps: int, log=print, poll_s: float = 2.0) -> str:
+    """Wait for the trainer job (through requeues), printing each step's line as it lands; cancel
+    the serving job at the end whatever happened. Raises UserError if the run did not finish."""
+    import time
+
+    from tbhpc.store.run_dir import RunDir
+    from tbhpc.train.record import read_steps, step_line
+    shown = 0
+    try:
+        while True:
+            state = subprocess.run(["squeue", "-h", "-j", jobs["train"], "-o", "%T"], capture_output=True,
+                                   text=True).stdout.strip()
+            rows = read_steps(RunDir(run))
+            for row in rows[shown:]:
+                log(step_line(row))
+            shown = len(rows)
+            if not state:
+                break
+            time.sleep(poll_s)
+    finally:
+        if "serve" in jobs:
+            subprocess.run(["scancel", jobs["serve"]], capture_output=True)
+    done = max((int(r["step"]) for r in read_steps(RunDir(run))), default=0)
+    if done < steps:
+        raise UserError(f"{run}: the trainer job {jobs['train']} ended after step {done} of {steps}; "
+                        f"see {run}/logs/slurm/tbhpc-train-*-{jobs['train']}.out")
+    return f"{run}: {done} steps done; HF export in {run}/exports/step-{done:06d}"

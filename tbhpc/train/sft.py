@@ -1,0 +1,114 @@
+"""Warm start by supervised fine-tuning on oracle episodes: the model learns the chat template,
+the tool-call format and the domains' procedures, so that GRPO starts from a policy that solves
+tasks *sometimes* (a policy that never succeeds gives only zero-variance groups: no signal).
+
+The examples are built exactly as rollouts are: the oracle plays the episode (real backend, real
+simulated user, graded), and a `TokenTrace` records the prompt tokens (loss mask 0) and the
+oracle's text tokenised as if the model had generated it (loss mask 1, end-of-turn included).
+So the warm start is trained on the token stream the trainer and the server will see.
+Plain torch in one process: a warm start of a small model needs no DeepSpeed.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from tbhpc.errors import UserError
+from tbhpc.policy.base import Completion
+from tbhpc.rollout.buffer import Episode
+from tbhpc.rollout.tokens import TokenTrace
+
+
+@dataclass
+class _Recorder:
+    """An oracle session whose every completion is also appended to a token trace."""
+    inner: object
+    trace: TokenTrace
+
+    def complete(self, messages: list[dict], tools: list[dict]) -> Completion:
+        c = self.inner.complete(messages, tools)
+        self.trace.prompt(messages, tools)
+        tok = self.trace.tokenizer
+        ids = tok.encode(c.text, add_special_tokens=False) + [tok.eos_token_id]
+        self.trace.add_generation(ids, [0.0] * len(ids), "base")
+        return c
+
+
+@dataclass
+class _RecordingPolicy:
+    tokenizer: object
+    inner: object
+    name: str = "oracle-recorded"
+    last: TokenTrace | None = None
+
+    def session(self, task, seed: int = 0):
+        self.last = TokenTrace(self.tokenizer)
+        return _Recorder(self.inner.session(task, seed), self.last)
+
+
+def oracle_examples(tokenizer, tasks: list, seed: int = 0) -> list[Episode]:
+    """One token-exact example per task: the oracle's episode (only passed episodes are kept)."""
+    from tbhpc.agents import build_judge, build_user
+    from tbhpc.domains import get_domain
+    from tbhpc.env.episode import run_episode
+    from tbhpc.policy.scripted import OraclePolicy
+
+    class _Flags:
+        user, judge = "scripted", "keyword"
+
+    policy = _RecordingPolicy(tokenizer, OraclePolicy())
+    user, judge = build_user(_Flags), build_judge(_Flags)
+    out = []
+    for i, task in enumerate(tasks):
+        res = run_episode(task, get_domain(task.domain), policy, user, judge, seed=seed + i)
+        if res.status == "ok" and res.passed:
+            policy.last.verify(res.messages)
+            tr = policy.last
+            out.append(Episode(tr.tokens, tr.loss_mask, tr.logprobs, group=i, reward=1.0, task_id=task.id))
+    if not out:
+        raise UserError("warm start: the oracle passed none of the given tasks")
+    return out
+
+
+def sft(model_dir: str, out_dir: str, tasks: list, steps: int = 200, lr: float = 3e-3, batch_tokens: int = 4096,
+        seed: int = 0, threads: int = 1, log=print) -> Path:
+    """Fine-tune `model_dir` on oracle episodes of `tasks` (mean token NLL on generated tokens),
+    save to `out_dir` with its tokenizer; returns the path."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tbhpc.train.packing import pack, token_logprobs
+
+    torch.manual_seed(seed)
+    torch.set_num_threads(threads)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    examples = oracle_examples(tok, tasks, seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    rng = random.Random(seed)
+    model.train()
+    for step in range(1, steps + 1):
+        batch, n = [], 0
+        while n < batch_tokens:
+            e = examples[rng.randrange(len(examples))]
+            batch.append(e)
+            n += len(e.tokens)
+        loss_sum, count = 0.0, 0
+        opt.zero_grad()
+        packs = pack(batch, [0.0] * len(batch), batch_tokens)
+        total = sum(p.n_loss_tokens for p in packs)
+        for p in packs:
+            lp = token_logprobs(model, p)
+            loss = -(lp * p.loss_mask).sum() / total
+            loss.backward()
+            loss_sum += float(loss.item())
+            count += p.n_loss_tokens
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 50 == 0 or step == steps:
+            log(f"sft step {step}/{steps}: loss {loss_sum:.4f} over {count} tokens")
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
