@@ -41,16 +41,22 @@ class DrawQueue:
         self._cutoff: int | None = None
 
     def claim(self) -> int | None:
-        """The next draw index to run, or None when the step is decided, aborted or at its cap."""
+        """The next draw index to run, or None when the step is decided, aborted or at its cap, or
+        when B informative groups are already known: a later draw can then never be kept (the
+        first B in draw order are all at or before the known ones), so claiming it is waste."""
         if self.cutoff() is not None or self.aborted():
             return None
         with self._lock:
+            if int(self.store.add(self.prefix + "mixed", 0)) >= self.need:
+                return None
             i = int(self.store.add(self.prefix + "next", 1)) - 1
         return i if i < self.cap else None
 
     def report(self, index: int, status: str) -> None:
         with self._lock:
             self.store.set(f"{self.prefix}r{index}", status)
+            if status == MIXED:
+                self.store.add(self.prefix + "mixed", 1)
 
     def cutoff(self) -> int | None:
         """The decided cutoff (None while undecided); reads the outcomes other ranks reported."""

@@ -1,0 +1,170 @@
+"""The trainer's pieces that need no process group: the pool guard and seeded draws, the
+draw-order decision of the shared queue, packing, configs and rendered scripts."""
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from tbhpc.config import load_config
+from tbhpc.errors import UserError
+from tbhpc.launch.train import render_train, render_train_pipeline
+from tbhpc.rollout.buffer import Episode
+from tbhpc.train.config import TrainConfig
+from tbhpc.train.draw import draw, episode_seed, load_pool
+from tbhpc.train.engine import DistEnv, ds_config
+from tbhpc.train.packing import bins, pack, token_logprobs
+from tbhpc.train.queue import DROPPED, FLAT, MIXED, DrawQueue, decide, make_store
+from tbhpc.train.record import step_line
+
+
+def test_a_pool_holding_a_held_out_id_is_refused(tmp_path):
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("tasks: [a-1, b-2, c-3]\n")
+    excl = tmp_path / "eval_ids.txt"
+    excl.write_text("# held out\nz-9\nb-2\n")
+    with pytest.raises(UserError, match=r"pool.yaml: 1 task\(s\) of the exclusion list .*eval_ids.txt.*'b-2'"):
+        load_pool(pool, [str(excl)])
+    excl.write_text("z-9\n")
+    assert load_pool(pool, [str(excl)]) == ["a-1", "b-2", "c-3"]
+    (tmp_path / "empty.yaml").write_text("tasks: []\n")
+    with pytest.raises(UserError, match="empty"):
+        load_pool(tmp_path / "empty.yaml")
+
+
+def test_draws_are_a_function_of_seed_and_step_and_cycle_the_pool():
+    pool = [f"t{i}" for i in range(7)]
+    first = [draw(pool, 0, 3, i) for i in range(14)]
+    assert first == [draw(pool, 0, 3, i) for i in range(14)]            # a restart redraws the same
+    assert sorted(first[:7]) == pool and sorted(first[7:]) == pool      # each cycle is a permutation
+    assert first[:7] != [draw(pool, 0, 4, i) for i in range(7)]         # another step, another order
+    assert first[:7] != [draw(pool, 1, 3, i) for i in range(7)]         # another seed too
+    assert episode_seed(0, 3, 5) == episode_seed(0, 3, 5) != episode_seed(0, 3, 6)
+
+
+def test_the_cutoff_is_the_bth_mixed_group_in_draw_order():
+    assert decide([MIXED, FLAT, MIXED, MIXED], need=2, cap=10) == 2
+    assert decide([MIXED, None, MIXED, MIXED], need=2, cap=10) is None   # draw 1 still running: wait for it
+    assert decide([MIXED, DROPPED, FLAT, MIXED], need=2, cap=10) == 3     # dropped groups count as nothing
+    assert decide([FLAT, FLAT, FLAT], need=2, cap=3) == 2                 # cap reached: train on what exists
+    assert decide([FLAT, FLAT], need=2, cap=3) is None
+
+
+def test_the_queue_decides_the_same_groups_whatever_finishes_first():
+    """Eight workers on two 'ranks' (one store) finish draws in a scrambled order; the decided
+    cutoff is the draw-order one, and nobody claims far past it."""
+    status = [FLAT, MIXED, FLAT, FLAT, MIXED, MIXED, FLAT, MIXED] + [MIXED] * 20
+    store = make_store(0, 1)
+    queues = [DrawQueue(store, step=1, need=3, cap=28) for _ in range(2)]
+    claimed = []
+    rng = np.random.default_rng(0)
+    delays = rng.random(28) * 0.02
+
+    def worker(q):
+        import time
+        while (i := q.claim()) is not None:
+            claimed.append(i)
+            time.sleep(delays[i])
+            q.report(i, status[i])
+            q.cutoff()
+
+    threads = [threading.Thread(target=worker, args=(queues[k % 2],)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert queues[0].cutoff() == queues[1].cutoff() == 5
+    assert max(claimed) <= 5 + 8              # no claims once 3 mixed groups are known (at most one per worker before)
+    assert not queues[0].surplus(5) and queues[0].surplus(6)
+    q = DrawQueue(store, step=2, need=3, cap=28)
+    q.abort()
+    assert q.claim() is None                  # a signal on one rank stops every rank's claims
+
+
+def test_bins_are_first_fit_decreasing_and_never_split_an_episode():
+    assert bins([5, 30, 10, 12, 3], 32) == [[1], [0, 2, 3, 4]]
+    b = bins([100, 10, 10], 32)
+    assert [0] in b and sorted(i for x in b for i in x) == [0, 1, 2]
+
+
+def test_packed_logprobs_equal_one_episode_at_a_time(tiny_dir):
+    """Episodes laid end to end with restarting positions: no episode sees its neighbour."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    rng = np.random.default_rng(1)
+    eps = []
+    for n in (17, 40, 5, 23):
+        mask = (rng.random(n) < 0.5).astype(np.uint8)
+        eps.append(Episode(rng.integers(0, model.config.vocab_size, n), mask, np.zeros(n), 0, 0.0))
+    packs = pack(eps, [0.5, -1.0, 0.25, 0.0], budget=100)
+    assert len(packs) == 1 and packs[0].n_tokens == 85
+    mb = packs[0]
+    packed = token_logprobs(model, mb)
+    singles = {p.episodes[0]: token_logprobs(model, p) for p in pack(eps, [0.0] * 4, budget=1)}   # one episode per pass
+    pos = 0
+    for i in mb.episodes:
+        n = len(eps[i].tokens)
+        # packed entry j scores token j+1: this episode's targets are entries pos .. pos+n-2
+        torch.testing.assert_close(packed[pos:pos + n - 1], singles[i], atol=1e-5, rtol=1e-5)
+        pos += n
+    # loss mask: never a row's or an episode's first token; advantages broadcast per episode
+    assert mb.loss_mask.sum().item() == mb.n_loss_tokens
+    assert set(mb.advantages.tolist()) <= {0.5, -1.0, 0.25, 0.0}
+
+
+def test_config_errors_name_the_field(tmp_path):
+    with pytest.raises(UserError, match="'group_size' must be >= 2"):
+        TrainConfig(group_size=1)
+    with pytest.raises(UserError, match="'generator' must be server or local"):
+        TrainConfig(generator="ray")
+    bad = tmp_path / "t.yaml"
+    bad.write_text("lr: fast\n")
+    with pytest.raises(UserError, match=r"t.yaml: field 'lr': expected float"):
+        load_config(TrainConfig, bad)
+    assert load_config(TrainConfig, None, ["lr=1e-6"]).lr == 1e-6      # YAML reads 1e-6 as text; taken as a number
+    with pytest.raises(UserError, match="'model' is required"):
+        TrainConfig(pool="p").validate()
+
+
+def test_deepspeed_config_follows_the_device():
+    cpu = ds_config(TrainConfig(), gpu=False)
+    gpu = ds_config(TrainConfig(zero_stage=2), gpu=True)
+    assert cpu["bf16"]["enabled"] is False and gpu["bf16"]["enabled"] is True
+    assert cpu["zero_optimization"]["stage"] == 3 and gpu["zero_optimization"]["stage"] == 2
+    assert cpu["optimizer"]["params"] == {"lr": 1e-6, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8,
+                                          "torch_adam": True}
+    assert cpu["gradient_clipping"] == 1.0 and cpu["gradient_accumulation_steps"] == 1
+
+
+def test_ranks_come_from_slurm_or_torchrun():
+    s = DistEnv.from_environ({"SLURM_PROCID": "2", "SLURM_NTASKS": "3", "SLURM_LOCALID": "0",
+                              "MASTER_ADDR": "node1", "MASTER_PORT": "23456"})
+    assert (s.rank, s.world, s.local_rank, s.master_addr, s.master_port) == (2, 3, 0, "node1", 23456)
+    t = DistEnv.from_environ({"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"})
+    assert (t.rank, t.world, t.local_rank) == (1, 8, 1)     # torchrun inside an allocation wins
+    assert DistEnv.from_environ({}).world == 1
+
+
+def test_trainer_script_asks_for_nodes_and_ranks(tmp_path):
+    cfg = TrainConfig(model="m", pool="p", nodes=3, gpus_per_node=8, serve_config="jobs/serve.yaml",
+                      serve={"device": "cuda", "tensor_parallel_size": 4, "data_parallel_size": 2})
+    text = render_train("/runs/r", "/runs/r/train.yaml", cfg, "/work", serve_job="1234")
+    for line in ("#SBATCH --dependency=after:1234", "#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=8",
+                 "#SBATCH --gpus-per-node=8", "#SBATCH --requeue", "#SBATCH --signal=USR2@120",
+                 "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+                 "srun --kill-on-bad-exit=1 "):
+        assert line in text, line
+    assert "tbhpc.cli train /runs/r --config /runs/r/train.yaml" in text
+    scripts = render_train_pipeline("/runs/r", cfg, "/work")
+    assert list(scripts) == ["serve.sbatch", "train.sbatch"] and "--gres=gpu:8" in scripts["serve.sbatch"]
+    local = render_train_pipeline("/runs/r", TrainConfig(model="m", pool="p", generator="local"), "/work")
+    assert list(local) == ["train.sbatch"] and "--dependency" not in local["train.sbatch"]
+
+
+def test_step_line_reads_like_a_log():
+    row = {"step": 3, "policy_version": "step-000002", "reward_mean": 0.25, "kept": 3, "flat": 1, "drawn": 5,
+           "dropped": 1, "reruns": 2, "tokens": 1000, "loss": -0.01, "grad_norm": 0.5, "clip_fraction": 0.0,
+           "mismatch": 1e-3, "rollout_s": 1.0, "update_s": 2.0, "publish_s": 0.1, "sync_s": 0.2}
+    line = step_line(row)
+    assert line.startswith("step    3 [step-000002] reward 0.250 mixed 3/4 (drawn 5, dropped 1, re-runs 2)")
+    assert "update 2.0s" in line and "sync 0.2s" in line
