@@ -26,3 +26,34 @@ def cpu_class() -> str:
             model = line.split(":", 1)[1].strip()
     isa = [f for f in ("amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags]
     return f"{model} [{' '.join(isa) or 'no avx2'}]"
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(argv_of_rank, world: int, timeout: float = 300, env: dict | None = None) -> list[str]:
+    """Start `world` processes of one gloo process group on this host (RANK/WORLD_SIZE/MASTER_*
+    like torchrun), wait for all, fail with every rank's output tail if one fails."""
+    import os
+    import subprocess
+    port = free_port()
+    base = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(world), **(env or {})}
+    procs = [subprocess.Popen(argv_of_rank(r), env={**base, "RANK": str(r), "LOCAL_RANK": "0"},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    if any(p.returncode for p in procs):
+        raise AssertionError("\n".join(f"--- rank {r} (exit {p.returncode}) ---\n{o[-3000:]}"
+                                       for r, (p, o) in enumerate(zip(procs, outs))))
+    return outs

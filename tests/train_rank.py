@@ -8,6 +8,7 @@ import numpy as np
 
 
 def main(model: str, world: int, rank: int, port: int, out: str, stage: int) -> None:
+    """`port` 0: MASTER_PORT from the environment (tests/helpers.run_ranks)."""
     import torch
 
     from tbhpc.rollout.buffer import Episode
@@ -16,7 +17,8 @@ def main(model: str, world: int, rank: int, port: int, out: str, stage: int) -> 
     from tbhpc.train.packing import pack
 
     cfg = TrainConfig(model=model, pool="-", lr=1e-3, zero_stage=stage, microbatch_tokens=96, dual_clip=3.0)
-    eng = Engine(cfg, DistEnv(rank, world, 0, "127.0.0.1", port))
+    import os
+    eng = Engine(cfg, DistEnv(rank, world, 0, "127.0.0.1", port or int(os.environ["MASTER_PORT"])))
     rng = np.random.default_rng(0)
     vocab = eng.module.config.vocab_size
     eps, adv = [], []

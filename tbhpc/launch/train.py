@@ -138,9 +138,21 @@ def follow_train(run: Path, jobs: dict[str, str], steps: int, log=print, poll_s:
             time.sleep(poll_s)
     finally:
         if "serve" in jobs:
-            subprocess.run(["scancel", jobs["serve"]], capture_output=True)
+            _cancel_and_wait(jobs["serve"])
     done = max((int(r["step"]) for r in read_steps(RunDir(run))), default=0)
     if done < steps:
         raise UserError(f"{run}: the trainer job {jobs['train']} ended after step {done} of {steps}; "
                         f"see {run}/logs/slurm/tbhpc-train-*-{jobs['train']}.out")
     return f"{run}: {done} steps done; HF export in {run}/exports/step-{done:06d}"
+
+
+def _cancel_and_wait(job: str, timeout_s: float = 60.0) -> None:
+    """scancel, then wait until the job has left the queue: the server's supervisor gets its
+    SIGTERM, stops vLLM and removes endpoint.json before anything tears the allocation down."""
+    import time
+    subprocess.run(["scancel", job], capture_output=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip():
+            return
+        time.sleep(0.5)
