@@ -1,0 +1,158 @@
+"""The trainer for real: `tbhpc train` with the in-process generator on the tiny warm start
+(`make warmstart`: fine-tuned on oracle episodes of the smoke pool, so groups are mixed), then
+the same run on the local Slurm cluster over 3 ranks, preempted with USR2 after step 1: it
+checkpoints, requeues itself, resumes and must reach the weights of the uninterrupted run.
+
+Why the in-process generator here: its samples are a function of (weights, seed), so two runs
+can be compared weight for weight. The vLLM server is not deterministic across requests
+(batching changes the arithmetic); the server path is tested by `make train` (test_make_train).
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+SMALL = ["generator=local", "steps=2", "group_size=4", "groups_per_step=2", "max_draws=8", "max_tokens=48",
+         "response_budget=160", "lr=1e-4", "microbatch_tokens=4096", "seed=3", "pool=jobs/pools/smoke.yaml",
+         "exclude=[tbhpc/data/packs/default/eval_ids.txt]"]
+
+
+@pytest.fixture(scope="session")
+def warm_dir(tmp_path_factory):
+    built = REPO / "build" / "models" / "tiny-warm"
+    if (built / "config.json").exists():
+        return built
+    out = tmp_path_factory.mktemp("warm") / "tiny-warm"
+    subprocess.run([sys.executable, "-m", "tbhpc.cli", "warmstart", "--out", str(out), "--tasks", "jobs/pools/smoke.yaml",
+                    "--steps", "100"], cwd=REPO, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return out
+
+
+def _train(run: Path, *overrides: str, timeout=900) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")}
+    return subprocess.run([sys.executable, "-m", "tbhpc.cli", "train", str(run), *overrides], cwd=REPO, env={
+        **env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=timeout)
+
+
+def _weights(export: Path) -> dict:
+    from safetensors.numpy import load_file
+    return load_file(str(export / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(warm_dir, tmp_path_factory):
+    run = tmp_path_factory.mktemp("train-local") / "run"
+    res = _train(run, f"model={warm_dir}", *SMALL)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return run, res.stdout
+
+
+def test_local_run_trains_records_and_publishes(uninterrupted, warm_dir):
+    run, out = uninterrupted
+    assert "step    1 [base]" in out and "step    2 [step-000001]" in out
+    con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
+    steps = con.execute("SELECT step, policy_version, kept, drawn, loss_tokens, grad_norm, mismatch FROM train_steps "
+                        "ORDER BY step").fetchall()
+    rows = con.execute("SELECT train_step, policy_version, policy_id, task_id, attempt_index, reward, status FROM attempts "
+                       "WHERE campaign = 'train'").fetchall()
+    con.close()
+    assert [s[:2] for s in steps] == [(1, "base"), (2, "step-000001")]
+    # which draws come out mixed depends on sampling (and so on the CPU's float arithmetic): at least
+    # one step must have trained; a step without a mixed group must not have touched the weights
+    assert any(s[2] >= 1 for s in steps), steps
+    assert all((s[2] >= 1) == (s[4] > 0) == (s[5] > 0) for s in steps), steps
+    assert all(s[6] < 1e-4 for s in steps if s[2]), steps      # trainer vs generator logprobs, same weights, fp32
+    # every rollout row: the step that used it and the weights that sampled it (always the previous step's)
+    assert rows and all(v == ("base" if t == 1 else f"step-{t - 1:06d}") == p for t, v, p, *_ in rows)
+    assert all(st == "ok" and r in (0.0, 1.0) for *_, r, st in rows)
+    # the published checkpoints carry fingerprints; the last step is exported as an HF directory
+    for step in (1, 2):
+        marker = json.loads((run / "checkpoints" / f"step-{step:06d}.ready").read_text())
+        assert marker["fingerprint"]["logprobs"]
+    w0, w2 = _weights(Path(warm_dir)), _weights(run / "exports" / "step-000002")
+    assert max(np.abs(w2[k] - w0[k]).max() for k in w0) > 1e-5                      # the weights moved
+    # buffers: group-centred advantages sum to zero within every kept group
+    import h5py
+    with h5py.File(run / "buffers" / "step-000001.h5") as f:
+        g, adv = f["episodes/group"][:], f["episodes/advantage"][:]
+    for gid in np.unique(g):
+        assert abs(adv[g == gid].sum()) < 1e-5
+
+
+def test_an_eval_campaign_runs_on_the_hf_export(uninterrupted, tmp_path):
+    run, _ = uninterrupted
+    export = run / "exports" / "step-000002"
+    res = subprocess.run([sys.executable, "-m", "tbhpc.cli", "eval", "--out", str(tmp_path / "ev"), "policy=tokens",
+                          f"policy_opts={{generator: local, model_path: {export}, max_tokens: 48, response_budget: 160}}",
+                          "tasks=jobs/pools/smoke.yaml", "limit=2", "repeats=2"], cwd=REPO, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    con = duckdb.connect(str(tmp_path / "ev" / "results.duckdb"), read_only=True)
+    assert con.execute("SELECT count(*) FROM attempts WHERE status = 'ok'").fetchone()[0] == 4
+    con.close()
+
+
+def test_a_resumed_run_with_other_hyperparameters_is_refused(uninterrupted, warm_dir):
+    run, _ = uninterrupted
+    res = _train(run, f"model={warm_dir}", *SMALL, "clip_high=0.28")
+    assert res.returncode == 2 and "holds a different training run (field 'clip_high' differs)" in res.stderr
+
+
+def test_preempted_slurm_run_requeues_and_reaches_the_same_weights(uninterrupted, warm_dir, tmp_path):
+    """3 ranks under Slurm, USR2 after step 1 (what Slurm sends before a time limit): the ranks
+    stop, rank 0 requeues the job, the restart resumes from the DeepSpeed checkpoint and redraws
+    step 2 identically. Same kept groups, same rewards, the same weights up to summation order."""
+    if not os.environ.get("SLURM_CONF") or not shutil.which("sbatch"):
+        if os.environ.get("TBHPC_REQUIRE_SLURM"):
+            pytest.fail("TBHPC_REQUIRE_SLURM is set but no cluster is configured (SLURM_CONF)")
+        pytest.skip("no Slurm cluster (run `make slurm-up` and source its env.sh)")
+    ref, _ = uninterrupted
+    run = tmp_path / "run"
+    sub = subprocess.run([sys.executable, "-m", "tbhpc.cli", "submit", "train", "--out", str(run), f"model={warm_dir}",
+                          *SMALL, "nodes=3", "slurm={cpus_per_task: 1, mem: null, time: '00:30:00'}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert sub.returncode == 0, sub.stderr
+    job = json.loads(json.dumps(__import__("yaml").safe_load((run / "slurm" / "train-jobs.yaml").read_text())))["train"]
+    steps_log = run / "logs" / "train_steps.jsonl"
+    deadline = time.monotonic() + 600
+    while not (steps_log.exists() and steps_log.read_text().strip()):
+        assert time.monotonic() < deadline, "step 1 never landed"
+        assert _state(job), f"the job ended before step 1; see {run}/logs/slurm"
+        time.sleep(1)
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    deadline = time.monotonic() + 900
+    while _state(job):
+        assert time.monotonic() < deadline, "the requeued job did not finish"
+        time.sleep(2)
+    log = "".join(p.read_text() for p in (run / "logs" / "slurm").glob("*.out"))
+    assert "requeued job" in log and "resumed from the DeepSpeed checkpoint of step" in log, log[-3000:]
+    assert (run / "exports" / "step-000002").exists(), log[-3000:]
+    # the same groups with the same rewards as the uninterrupted 1-rank run
+    assert _rows(run) == _rows(ref)
+    a, b = _weights(ref / "exports" / "step-000002"), _weights(run / "exports" / "step-000002")
+    w0 = _weights(Path(warm_dir))
+    moved = max(np.abs(a[k] - w0[k]).max() for k in a)
+    diff = max(np.abs(a[k] - b[k]).max() for k in a)
+    assert diff < moved * 1e-2, (moved, diff)
+
+
+def _state(job: str) -> str:
+    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
+
+
+def _rows(run: Path) -> list[tuple]:
+    con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
+    try:
+        return con.execute("SELECT train_step, task_id, attempt_index, reward FROM attempts ORDER BY 1, 2, 3").fetchall()
+    finally:
+        con.close()
