@@ -7,6 +7,7 @@ STAMP   := $(VENV)/.installed
 .PHONY: env env-vllm model-smollm2 test demo bench clean tasks slurm-up slurm-down train warmstart
 
 NODES   ?= 3
+WARM    := build/models/tiny-warm
 SLURM_STATE ?= /tmp/tbhpc-slurm
 
 env: $(STAMP)
@@ -33,7 +34,7 @@ $(SMOLLM2)/config.json: $(STAMP)
 
 # The suite runs against a real 3-node Slurm cluster that this target starts and stops by PID,
 # and a real vLLM (CPU) server that its tests start and stop by PID (tests/test_vllm.py).
-test: env env-vllm
+test: env env-vllm $(WARM)/config.json
 	TBHPC_REQUIRE_VLLM=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python NODES=$(NODES) STATE=$(SLURM_STATE) \
 	  bash slurm/local/with-cluster.sh $(VPY) -m pytest -q
 
@@ -51,17 +52,17 @@ bench: env env-vllm model-smollm2
 # GRPO training: `make train NODES=3 [CONFIG=jobs/train-*.yaml] [RUN=runs/train]`. With a reachable
 # Slurm cluster (sinfo answers) it submits the serving job and the trainer job and returns; without
 # one it starts the local test cluster (slurm/local), runs the same jobs on it, follows them to the
-# end and stops the cluster. The default config trains the tiny warm start (`make warmstart`).
+# end and stops the cluster (WAIT=1 follows a submitted run too). The default config trains the
+# tiny warm start (`make warmstart`).
 CONFIG ?= jobs/train.yaml
 RUN    ?= runs/train
-WARM   := build/models/tiny-warm
 warmstart: $(WARM)/config.json
 $(WARM)/config.json: $(STAMP)
 	OMP_NUM_THREADS=1 $(VENV)/bin/tbhpc warmstart --out $(WARM) --tasks jobs/pools/smoke.yaml --steps 100
 
 train: env env-vllm $(WARM)/config.json
 	@if sinfo >/dev/null 2>&1; then \
-	  $(VENV)/bin/tbhpc submit train --config $(CONFIG) --out $(RUN) nodes=$(NODES); \
+	  $(VENV)/bin/tbhpc submit train --config $(CONFIG) --out $(RUN) $(if $(WAIT),--wait) nodes=$(NODES); \
 	else \
 	  NODES=$(NODES) STATE=$(SLURM_STATE) bash slurm/local/with-cluster.sh \
 	    $(VENV)/bin/tbhpc submit train --config $(CONFIG) --out $(RUN) --wait nodes=$(NODES); \

@@ -68,10 +68,9 @@ def run(args) -> int:
 
 def _stop_serving_job(run: Path) -> None:
     """A run submitted with `tbhpc submit train` ends its serving job with its training."""
-    import subprocess
-
     import yaml
     jobs = run / "slurm" / "train-jobs.yaml"
     if jobs.exists() and (serve := (yaml.safe_load(jobs.read_text()) or {}).get("serve")):
-        subprocess.run(["scancel", str(serve)], capture_output=True)
+        from tbhpc.launch.train import cancel_and_wait
+        cancel_and_wait(str(serve), run)
         print(f"train: training done; cancelled the serving job {serve}", flush=True)

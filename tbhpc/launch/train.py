@@ -138,7 +138,7 @@ def follow_train(run: Path, jobs: dict[str, str], steps: int, log=print, poll_s:
             time.sleep(poll_s)
     finally:
         if "serve" in jobs:
-            _cancel_and_wait(jobs["serve"])
+            cancel_and_wait(jobs["serve"], run)
     done = max((int(r["step"]) for r in read_steps(RunDir(run))), default=0)
     if done < steps:
         raise UserError(f"{run}: the trainer job {jobs['train']} ended after step {done} of {steps}; "
@@ -146,13 +146,23 @@ def follow_train(run: Path, jobs: dict[str, str], steps: int, log=print, poll_s:
     return f"{run}: {done} steps done; HF export in {run}/exports/step-{done:06d}"
 
 
-def _cancel_and_wait(job: str, timeout_s: float = 60.0) -> None:
+def cancel_and_wait(job: str, run: Path | None = None, timeout_s: float = 60.0) -> None:
     """scancel, then wait until the job has left the queue: the server's supervisor gets its
-    SIGTERM, stops vLLM and removes endpoint.json before anything tears the allocation down."""
+    SIGTERM, stops vLLM and removes endpoint.json before anything tears the allocation down. An
+    endpoint file still naming the job after it is gone (the supervisor was killed) is removed."""
     import time
+
+    from tbhpc.serve.endpoint import endpoint_path, read_endpoint, remove_endpoint
     subprocess.run(["scancel", job], capture_output=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip():
-            return
+            break
         time.sleep(0.5)
+    if run is not None and endpoint_path(run).exists():
+        try:
+            stale = read_endpoint(run).job_id == job
+        except UserError:
+            stale = False
+        if stale:
+            remove_endpoint(run)

@@ -134,6 +134,9 @@ class Supervisor:
                 entry["attempts"].append({"mode": "reload", "error": f"{type(exc).__name__}: {exc}"})
                 self.log(f"serve: in-place reload failed ({type(exc).__name__}: {exc}); restarting instead")
                 mode = "restart"
+        if mode == "restart" and self.stop_event.is_set():   # Slurm is ending the job (it may have hit vLLM
+            self.log(f"serve: stopping; the sync of {pub.version} is abandoned")   # first): no minute-long restart
+            return {"version": pub.version, "abandoned": True}
         if mode == "restart":
             self.server.stop()
             self._launch(str(pub.path), port=self.endpoint.port)
