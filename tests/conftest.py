@@ -7,12 +7,18 @@ client, retries and error paths; real-model serving is tested where a model serv
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from tbhpc.tasks.loader import load_pack
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
@@ -90,6 +96,19 @@ def tiny_dir_b(tmp_path_factory):
     """The same architecture and tokenizer with other weights: what a weight sync publishes."""
     from tbhpc.policy.tiny import build_tiny_model
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen3-b"), arch="qwen3", seed=1)
+
+
+@pytest.fixture(scope="session")
+def warm_dir(tmp_path_factory):
+    """The tiny model fine-tuned on oracle episodes of the smoke pool (`make warmstart`): it solves
+    some tasks sometimes, so GRPO groups are mixed."""
+    built = REPO / "build" / "models" / "tiny-warm"
+    if (built / "config.json").exists():
+        return built
+    out = tmp_path_factory.mktemp("warm") / "tiny-warm"
+    subprocess.run([sys.executable, "-m", "tbhpc.cli", "warmstart", "--out", str(out), "--tasks", "jobs/pools/smoke.yaml",
+                    "--steps", "100"], cwd=REPO, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return out
 
 
 def pytest_terminal_summary(terminalreporter):

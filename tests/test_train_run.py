@@ -28,17 +28,6 @@ SMALL = ["generator=local", "steps=2", "group_size=4", "groups_per_step=2", "max
 POOL = "tasks: [consulting-leave_balance-001, consulting-leave_balance-002]\n"
 
 
-@pytest.fixture(scope="session")
-def warm_dir(tmp_path_factory):
-    built = REPO / "build" / "models" / "tiny-warm"
-    if (built / "config.json").exists():
-        return built
-    out = tmp_path_factory.mktemp("warm") / "tiny-warm"
-    subprocess.run([sys.executable, "-m", "tbhpc.cli", "warmstart", "--out", str(out), "--tasks", "jobs/pools/smoke.yaml",
-                    "--steps", "100"], cwd=REPO, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return out
-
-
 def _train(run: Path, *overrides: str, timeout=900) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")}
     return subprocess.run([sys.executable, "-m", "tbhpc.cli", "train", str(run), *overrides], cwd=REPO, env={

@@ -1,0 +1,122 @@
+"""One rank's rollouts for a step (tbhpc/train/rollouts.py) with the real warm-started model in
+process: zero-variance groups are replaced until B mixed ones exist in draw order, system errors
+are re-run and counted, a group that cannot be completed is dropped and never scored.
+
+The generator is wrapped to fail on chosen calls: an endpoint that breaks is what this tests,
+and a real one cannot be made to break on cue. Everything else is real (model, episodes, grading).
+"""
+import itertools
+import threading
+
+import pytest
+
+from tbhpc.errors import EndpointError
+from tbhpc.policy.generation import LocalGenerator
+from tbhpc.policy.tokens import TokenPolicy
+from tbhpc.train.queue import DROPPED, FLAT, MIXED, DrawQueue, make_store
+from tbhpc.train.rollouts import SURPLUS, RolloutContext, run_rank_rollouts
+
+pytestmark = pytest.mark.slow
+POOL = ["consulting-leave_balance-001", "consulting-leave_balance-002"]
+
+
+class Breaking:
+    """Raises EndpointError on calls whose (first-try) seed `fail(seed)` picks."""
+
+    def __init__(self, inner, fail):
+        self.inner, self.fail, self.calls, self.failures = inner, fail, itertools.count(), 0
+        self.lock = threading.Lock()
+
+    def generate(self, prompt_ids, sampling, seed):
+        if self.fail(seed):
+            with self.lock:
+                self.failures += 1
+            raise EndpointError("injected: the endpoint dropped the request")
+        return self.inner.generate(prompt_ids, sampling, seed)
+
+
+@pytest.fixture(scope="module")
+def engine(warm_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(warm_dir)
+    model = AutoModelForCausalLM.from_pretrained(warm_dir, dtype=torch.float32).eval()
+    return tok, LocalGenerator.for_tokenizer(model, tok)
+
+
+def _ctx(engine, tasks_by_id, fail=lambda seed: False, max_reruns=2):
+    from tbhpc.domains import get_domain
+    from tbhpc.env.judge import KeywordJudge
+    from tbhpc.env.users import ScriptedUser
+    tok, gen = engine
+    policy = TokenPolicy(generator="local", max_tokens=48, response_budget=160)
+    broken = Breaking(gen, fail)
+    policy._engine = (tok, broken)
+    ctx = RolloutContext(POOL, {i: tasks_by_id[i] for i in POOL}, get_domain, policy, ScriptedUser(), KeywordJudge(),
+                         group_size=4, seed=5, max_reruns=max_reruns, episodes_in_flight=8)
+    return ctx, broken
+
+
+def _check_structure(outcomes, cutoff, need):
+    kept = [g for g in outcomes if g.index <= cutoff and g.status == MIXED]
+    assert len(kept) == need or cutoff == 11            # B mixed groups, or the cap was reached
+    for g in outcomes:
+        if g.status in (MIXED, FLAT):
+            rewards = [r.episode.reward for r in g.rollouts]
+            assert len(rewards) == 4 and set(rewards) <= {0.0, 1.0}
+            assert (len(set(rewards)) > 1) == (g.status == MIXED)
+        if g.index > cutoff:
+            assert g.status in (SURPLUS, MIXED, FLAT, DROPPED)     # finished past the cutoff: never trained on
+    return kept
+
+
+def test_flat_groups_are_replaced_until_b_mixed_groups_exist(engine, tasks_by_id):
+    ctx, _ = _ctx(engine, tasks_by_id)
+    queue = DrawQueue(make_store(0, 1), step=1, need=2, cap=12)
+    outcomes = run_rank_rollouts(ctx, queue, step=1, expected_version=0)
+    cutoff = queue.cutoff()
+    kept = _check_structure(outcomes, cutoff, 2)
+    drawn = [g for g in outcomes if g.index <= cutoff]
+    assert sorted(g.index for g in drawn) == list(range(cutoff + 1))   # every draw up to the cutoff ran, in order
+    assert kept and all(g.reruns == 0 for g in outcomes)
+
+
+def test_system_errors_are_rerun_and_never_scored(engine, tasks_by_id):
+    """Every first try of attempts whose seed is even fails: each is re-run with a fresh sample in
+    the same slot, counted, and the group completes with real rewards."""
+    seen, lock = set(), threading.Lock()
+
+    def first_try_of_even_episodes(seed):          # TokenSession seeds a turn with episode_seed * 1009 + turn
+        episode = seed // 1009
+        with lock:
+            if episode % 2 or episode in seen:
+                return False
+            seen.update({episode, episode + 1_000_000})   # the re-run's fresh sample (collect_episode) goes through
+            return True
+
+    ctx, broken = _ctx(engine, tasks_by_id, fail=first_try_of_even_episodes)
+    queue = DrawQueue(make_store(0, 1), step=1, need=2, cap=12)
+    outcomes = run_rank_rollouts(ctx, queue, step=1, expected_version=0)
+    assert broken.failures > 0
+    done = [g for g in outcomes if g.status in (MIXED, FLAT)]
+    assert done and sum(g.reruns for g in outcomes) > 0
+    assert all(r.result.status == "ok" for g in done for r in g.rollouts)
+    _check_structure(outcomes, queue.cutoff(), 2)
+
+
+def test_a_group_that_cannot_be_completed_is_dropped(engine, tasks_by_id):
+    """An endpoint that never answers: every group is dropped with its cause, none is scored,
+    and the step ends at its cap instead of hanging."""
+    ctx, broken = _ctx(engine, tasks_by_id, fail=lambda seed: True, max_reruns=1)
+    queue = DrawQueue(make_store(0, 1), step=1, need=2, cap=3)
+    outcomes = run_rank_rollouts(ctx, queue, step=1, expected_version=0)
+    assert [g.status for g in outcomes] == [DROPPED] * 3 and queue.cutoff() == 2
+    assert all(not g.rollouts and "system errors in a row" in g.error for g in outcomes)
+
+
+def test_samples_from_older_weights_than_the_step_expects_are_not_trained_on(engine, tasks_by_id):
+    ctx, _ = _ctx(engine, tasks_by_id)
+    queue = DrawQueue(make_store(0, 1), step=3, need=1, cap=2)
+    outcomes = run_rank_rollouts(ctx, queue, step=3, expected_version=2)    # the generator still says "base"
+    assert [g.status for g in outcomes] == [DROPPED, DROPPED]
+    assert all("expected step 2" in g.error for g in outcomes)
