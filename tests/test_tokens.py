@@ -78,7 +78,7 @@ DROPS_REASONING = CHAT_TEMPLATE.replace("{{ m.content or '' }}", "{{ (m.content 
 @pytest.mark.parametrize("template,breaks", [(CHAT_TEMPLATE, False), (DROPS_REASONING, True)])
 def test_prefix_property_is_checked(tiny_dir, tasks_by_id, template, breaks):
     task = _task(tasks_by_id, user_turns=1)
-    policy = make_policy("tokens", generator="local", model_path=str(tiny_dir))
+    policy = make_policy("tokens", generator="local", model_path=str(tiny_dir), on_template_break="error")
     tok, _ = policy.load()
     tok.chat_template = template
     say = "<think>I should look the order up first.</think>Could you give me your order number?"
@@ -92,6 +92,30 @@ def test_prefix_property_is_checked(tiny_dir, tasks_by_id, template, breaks):
     else:
         tr.verify(res.messages)
         assert tok.decode(tr.tokens).count("<think>") == 2
+
+
+def test_a_template_that_drops_reasoning_splits_the_episode_into_samples(tiny_dir, tasks_by_id):
+    """Qwen3-style: once the user speaks again, the first turn's <think> block is gone from the
+    template's rendering. The episode becomes two samples: the first as generated, the second
+    starting from the template's own rendering (what a chat endpoint shows the model)."""
+    task = _task(tasks_by_id, user_turns=1)
+    policy = make_policy("tokens", generator="local", model_path=str(tiny_dir))
+    tok, _ = policy.load()
+    tok.chat_template = DROPS_REASONING
+    first = tok.encode("<think>I should look the order up first.</think>Could you give me your order number?")
+    policy._engine = (tok, FixedGenerator([first, tok.encode("<think>done</think>Thanks!")], tok.eos_token_id))
+    res = run_episode(task, get_domain("retail"), policy, ScriptedUser(), seed=0)
+    tr = policy.pop_trace(task.id, 0)
+    tr.verify(res.messages)                                   # the last sample is prefix-stable
+    (t1, m1, _), (t2, m2, lp2) = tr.samples()
+    assert tok.decode([t for t, m in zip(t1, m1) if m]) == tok.decode(first + [tok.eos_token_id])
+    second = tok.decode(t2)
+    assert "I should look the order up first." not in second and second.count("<think>") == 1   # dropped, as the template does
+    assert tok.decode([t for t, m in zip(t2, m2) if m]).startswith("<think>done</think>Thanks!")
+    assert all(lp == 0.0 for lp, m in zip(lp2, m2) if not m)
+    policy._engine = (tok, FixedGenerator([first, tok.encode("<think>done</think>Thanks!")], tok.eos_token_id))
+    rolled = collect_group(task, get_domain("retail"), policy, ScriptedUser(), None, group=0, n=1)
+    assert len(rolled[0].samples) == 2 and {s.reward for s in rolled[0].samples} == {rolled[0].episode.reward}
 
 
 def test_collect_group_to_hdf5(tiny_dir, tasks_by_id, tmp_path):

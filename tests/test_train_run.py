@@ -10,7 +10,6 @@ can be compared weight for weight. The vLLM server is not deterministic across r
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time

@@ -41,6 +41,7 @@ class TokenPolicy:
     response_budget: int = 8192         # generated tokens per episode
     max_context: int = 0                # stop an episode whose prompt reaches this (0: no check)
     check_prefix: bool = True           # verify each finished trace against a fresh rendering
+    on_template_break: str = "split"    # a template that rewrites earlier turns: split the episode into samples | error
     seed: int = 0
     threads: int = 1
     name: str = "tokens"
@@ -81,7 +82,7 @@ class TokenPolicy:
 
     def session(self, task: Task, seed: int = 0) -> "TokenSession":
         tok, gen = self.load()
-        s = TokenSession(self, task.id, seed, TokenTrace(tok), gen)
+        s = TokenSession(self, task.id, seed, TokenTrace(tok, on_break=self.on_template_break), gen)
         self.traces[(task.id, seed)] = s.trace
         while len(self.traces) > MAX_KEPT_TRACES:   # a campaign never pops them: keep the newest only
             self.traces.pop(next(iter(self.traces)))

@@ -8,7 +8,7 @@ any of whose tokens came from weights the server did not verify raises `Untruste
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tbhpc.env.episode import EpisodeResult, run_episode
 from tbhpc.errors import EndpointError, InfraError
@@ -25,9 +25,15 @@ class UntrustedWeights(EndpointError):
 @dataclass
 class Rollout:
     result: EpisodeResult
-    episode: Episode
+    episode: Episode                # the episode's record (its last sample: reward, version, task)
     versions: list[str]
     reruns: int
+    earlier: list[Episode] = field(default_factory=list)    # samples closed where the template rewrote earlier turns
+
+    @property
+    def samples(self) -> list[Episode]:
+        """What the trainer learns from: one sample, or one per template break (same reward)."""
+        return self.earlier + [self.episode]
 
 
 def collect_group(task, domain, policy: TokenPolicy, user, judge, group: int, n: int, seed0: int = 0,
@@ -58,7 +64,7 @@ def collect_episode(task, domain, policy: TokenPolicy, user, judge, group: int, 
         raise UntrustedWeights(f"task {task.id} attempt {index}: sampled by weights the server did not verify "
                                f"({', '.join(untrusted)}); never used for training")
     steps = [version_step(v) for v in versions] or [0]
-    ep = Episode(trace.tokens, trace.loss_mask, trace.logprobs, group=group, reward=float(res.reward),
-                 task_id=task.id, attempt_key=f"{task.id}#{index}", finish_reason=res.finish_reason,
-                 policy_version=min(steps))
-    return Rollout(res, ep, list(trace.turn_versions), reruns)
+    samples = [Episode(t, m, lp, group=group, reward=float(res.reward), task_id=task.id,
+                       attempt_key=f"{task.id}#{index}" + (f"/{k}" if k else ""), finish_reason=res.finish_reason,
+                       policy_version=min(steps)) for k, (t, m, lp) in enumerate(trace.samples())]
+    return Rollout(res, samples[-1], list(trace.turn_versions), reruns, samples[:-1])

@@ -10,8 +10,16 @@ assistant turn (BASE), render BASE + the new tool/user messages with the generat
 keep what the second adds (the chat-template prefix property makes that well defined). The
 tokens the template puts after an assistant's end-of-turn (e.g. a newline) are the "glue".
 `verify` checks the whole trace against a fresh rendering of the episode and raises
-`TemplatePrefixError` when a template breaks the prefix property (e.g. one that drops earlier
-turns' reasoning), instead of training on a history the model never sees at inference.
+`TemplatePrefixError` when a template breaks the prefix property, instead of training on a
+history the model never sees at inference.
+
+Templates that rewrite earlier turns (Qwen3's drops the reasoning of assistant turns before the
+last user message) are handled by splitting (`on_break="split"`, the default): at each prompt
+the template's own rendering of the history is compared with the stream so far; where they
+differ, the stream is closed as one training sample and a new one starts from the template's
+rendering (loss mask 0: those tokens are prompt now). Every sample is then exactly what the model
+was given and generated, and the model is trained on what a chat endpoint would show it.
+The samples of an episode share its reward and advantage. `on_break="error"` raises instead.
 """
 from __future__ import annotations
 
@@ -48,6 +56,8 @@ class TokenTrace:
     n_messages: int = 0                                      # messages seen at the last prompt
     tools: list[dict] | None = None                          # tool schemas the first prompt was rendered with
     generated: int = 0
+    on_break: str = "split"                                  # split | error (a template that rewrites earlier turns)
+    segments: list = field(default_factory=list)             # closed samples: (tokens, loss_mask, logprobs)
 
     def __post_init__(self) -> None:
         tok = self.tokenizer
@@ -82,9 +92,42 @@ class TokenTrace:
                 raise TemplatePrefixError("chat template renders earlier turns differently once new messages follow "
                                           f"(roles {[m['role'] for m in new]}): not prefix-stable")
             close = [] if self.tokens[-1] == self.eos else [self.eos]   # a turn cut by the token cap gets its end-of-turn
-            self._append(close + self.glue + full[len(self.base_ids):], 0)
+            delta = close + self.glue + full[len(self.base_ids):]
+            if self.on_break == "split" and not self._renders_as(messages, self.tokens + delta):
+                self._split(messages)
+            else:
+                self._append(delta, 0)
         self.n_messages = len(messages)
         return list(self.tokens)
+
+    def samples(self) -> list[tuple[list[int], list[int], list[float]]]:
+        """The training samples of the episode: one unless the template rewrote earlier turns."""
+        return self.segments + [(self.tokens, self.loss_mask, self.logprobs)]
+
+    def _raw_history(self, messages: list[dict]) -> list[dict]:
+        """`messages` with each assistant turn as generated (raw text, reasoning included)."""
+        out, gi = [], 0
+        for m in messages:
+            if m["role"] == "assistant" and gi < len(self.raw_turns):
+                out.append({"role": "assistant", "content": self.raw_turns[gi]})
+                gi += 1
+            else:
+                out.append(m)
+        return out
+
+    def _template_text(self, messages: list[dict], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(template_messages(self._raw_history(messages)), tools=self.tools,
+                                                  tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def _renders_as(self, messages: list[dict], ids: list[int]) -> bool:
+        return self.tokenizer.decode(ids, skip_special_tokens=False) == self._template_text(messages, True)
+
+    def _split(self, messages: list[dict]) -> None:
+        """Close the current sample; start the next from the template's rendering of the history."""
+        self.segments.append((self.tokens, self.loss_mask, self.logprobs))
+        self.tokens, self.loss_mask, self.logprobs = [], [], []
+        text = self._template_text(messages, True)
+        self._append(list(self.tokenizer(text, add_special_tokens=False)["input_ids"]), 0)
 
     def add_generation(self, token_ids: list[int], logprobs: list[float], version: str) -> str:
         """Record one generation; returns its raw text (special tokens kept, end-of-turn dropped)."""
@@ -102,15 +145,7 @@ class TokenTrace:
         n_asst = sum(m["role"] == "assistant" for m in messages[:self.n_messages])
         ends_with_prompt = len(self.raw_turns) == n_asst          # e.g. stopped by the response budget
         upto = self.n_messages if ends_with_prompt else self.n_messages + 1
-        raw_msgs, gi = [], 0
-        for m in messages[:upto]:
-            if m["role"] == "assistant":
-                raw_msgs.append({"role": "assistant", "content": self.raw_turns[gi]})
-                gi += 1
-            else:
-                raw_msgs.append(m)
-        text = self.tokenizer.apply_chat_template(template_messages(raw_msgs), tools=self.tools, tokenize=False,
-                                                  add_generation_prompt=ends_with_prompt)
+        text = self._template_text(messages[:upto], ends_with_prompt)   # the last sample starts at the last break
         stored = self.tokenizer.decode(self.tokens, skip_special_tokens=False)
         if not text.startswith(stored):
             i = _first_diff(stored, text)

@@ -157,9 +157,10 @@ class Trainer:
         for g in kept:
             a = group_advantages([r.episode.reward for r in g.rollouts], [g.index] * len(g.rollouts), self.cfg.normalize_std)
             for r, x in zip(g.rollouts, a):
-                r.episode.advantage = float(x)
-                episodes.append(r.episode)
-                adv.append(float(x))
+                for sample in r.samples:          # several when the chat template rewrote earlier turns
+                    sample.advantage = float(x)
+                    episodes.append(sample)
+                    adv.append(float(x))
         return episodes, adv
 
     def _record_attempts(self, step: int, groups) -> None:
@@ -174,7 +175,7 @@ class Trainer:
                 row = attempt_row(r.result, self.cfg.name, version, g.index * self.cfg.group_size + k, started)
                 row.update(train_step=step, policy_version=version)
                 rows.append(row)
-                eps.append(r.episode)
+                eps.extend(r.samples)
         suffix = "" if self.env.world == 1 else f".rank{self.env.rank}"
         if rows:
             write_shard(self.run.shards, rows)
