@@ -41,13 +41,14 @@ test: env env-vllm $(WARM)/config.json
 demo: env
 	$(VENV)/bin/tbhpc demo --config jobs/demo.yaml
 
-bench: env env-vllm model-smollm2
+bench: env env-vllm model-smollm2 $(WARM)/config.json
 	$(VPY) bench/episode_overhead.py
 	$(VPY) bench/results_scale.py
 	$(VPY) bench/buffer_size.py
 	NODES=$(NODES) STATE=$(SLURM_STATE) bash slurm/local/with-cluster.sh $(VPY) bench/fanout.py
 	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/serve_throughput.py
 	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/weight_sync.py
+	OMP_NUM_THREADS=2 $(VPY) bench/train_step.py
 
 # GRPO training: `make train NODES=3 [CONFIG=jobs/train-*.yaml] [RUN=runs/train]`. With a reachable
 # Slurm cluster (sinfo answers) it submits the serving job and the trainer job and returns; without

@@ -54,6 +54,16 @@ def use_gpu() -> bool:
         return False
 
 
+def attention_kernel(gpu: bool) -> str:
+    """FlashAttention-2 (varlen: packed episodes never attend to each other at no extra cost) when it
+    is installed on a GPU node, else SDPA (packing then pays the block mask; see packing.py)."""
+    if gpu:
+        import importlib.util
+        if importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2"
+    return "sdpa"
+
+
 def resolved_dtype(cfg: TrainConfig, gpu: bool) -> str:
     return cfg.dtype if cfg.dtype != "auto" else ("bf16" if gpu else "fp32")
 
@@ -108,7 +118,7 @@ class Engine:
             torch.cuda.set_device(env.local_rank)
         dtype = torch.bfloat16 if resolved_dtype(cfg, self.gpu) == "bf16" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype, attn_implementation=attention_kernel(self.gpu))
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.config.use_cache = False

@@ -32,7 +32,7 @@ from tbhpc.train.config import TrainConfig
 from tbhpc.train.draw import load_pool
 from tbhpc.train.engine import DistEnv, Engine
 from tbhpc.train.grpo import group_advantages
-from tbhpc.train.packing import pack
+from tbhpc.train.packing import effective_budget, pack
 from tbhpc.train.queue import MIXED, DrawQueue, make_store
 from tbhpc.train.record import open_train_run, read_steps, record_step, step_line
 from tbhpc.train.rollouts import RolloutContext, run_rank_rollouts
@@ -130,7 +130,9 @@ class Trainer:
         episodes, adv = self._advantages(kept)
         self._record_attempts(step, mine)
         t0 = time.monotonic()
-        stats = self.eng.update(pack(episodes, adv, cfg.microbatch_tokens))
+        budget = effective_budget(cfg.microbatch_tokens, [len(e.tokens) for e in episodes],
+                                  getattr(self.eng.module.config, "_attn_implementation", None))
+        stats = self.eng.update(pack(episodes, adv, budget))
         update_s = time.monotonic() - t0
         t0 = time.monotonic()
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:

@@ -8,6 +8,14 @@ cache) into a block-diagonal causal mask, so an episode never attends to its nei
 
 Bins are filled first-fit by decreasing length up to `budget` tokens: deterministic, and an
 episode longer than the budget gets a bin of its own (never truncated).
+
+The budget depends on the attention kernel (`effective_budget`). FlashAttention's varlen kernel
+(GPU) attends within each episode only, so a bin can be as large as memory allows. SDPA and
+eager attention (CPU, or GPUs without flash-attn) compute the whole block-diagonal mask: a bin of
+T tokens costs T^2 in attention whatever it holds. There bins are capped at the step's longest
+episode: short episodes still share a pass, and no pass costs more attention than that episode
+alone (measured on the tiny model, 8 episodes of ~2.9k tokens: 4.3 s at one episode per pass,
+19.6 s packed into 16k-token rows).
 """
 from __future__ import annotations
 
@@ -45,6 +53,13 @@ def bins(lengths: list[int], budget: int) -> list[list[int]]:
             out.append([i])
             room.append(max(budget - n, 0))
     return [sorted(b) for b in out]
+
+
+def effective_budget(budget: int, lengths: list[int], attn_implementation: str | None) -> int:
+    """Tokens per packed pass: `budget` with a varlen kernel, else at most the longest episode."""
+    if attn_implementation and "flash" in attn_implementation:
+        return budget
+    return max(1, min(budget, max(lengths, default=1)))
 
 
 def pack(episodes: list, advantages: list[float], budget: int) -> list[Packed]:
