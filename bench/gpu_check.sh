@@ -3,7 +3,9 @@
 # is available (none is in CI): serves a small model with `tbhpc serve` on the GPU, runs a short
 # eval (openai policy) and probe (token-exact policy) through it, publishes a checkpoint and
 # times the verified weight sync (probe error of bf16 on the GPU against an fp32 fingerprint),
-# runs `tbhpc serve-check`, then measures tokens/s (bench/serve_throughput.py --device cuda).
+# runs `tbhpc serve-check`, measures tokens/s (bench/serve_throughput.py --device cuda), then
+# trains: two GRPO steps with DeepSpeed on the GPU (NCCL process group, ZeRO-3, bf16, one rank per
+# GPU via torchrun) on the tiny warm start with the in-process generator.
 #
 #   TBHPC_PY=.venv/bin/python TBHPC_VLLM_PYTHON=/path/to/vllm-env/bin/python \
 #     bash bench/gpu_check.sh [MODEL_DIR]        # default: build/models/smollm2-135m, else a tiny model
@@ -54,3 +56,16 @@ PY
 "$PY" -m tbhpc.cli serve-check "$RUN"
 kill -TERM $SERVE; wait $SERVE || true; trap - EXIT
 "$PY" bench/serve_throughput.py --device cuda --model "$MODEL" --max-tokens 256 --prompts 32
+
+# DeepSpeed + NCCL: a real GRPO run, one rank per visible GPU (torchrun sets RANK/WORLD_SIZE like srun)
+WARM=build/models/tiny-warm
+[ -f "$WARM/config.json" ] || "$PY" -m tbhpc.cli warmstart --out "$WARM" --tasks jobs/pools/smoke.yaml --steps 100
+NGPU=$(nvidia-smi -L | wc -l)
+"$PY" -m torch.distributed.run --nproc-per-node "$NGPU" -m tbhpc.cli train "$OUT/gpu-train" "model=$WARM" \
+  pool=jobs/pools/smoke.yaml generator=local steps=2 group_size=8 groups_per_step=2 max_tokens=64 response_budget=256 \
+  lr=1e-4 | grep -E "^step|steps done"
+"$PY" - "$OUT/gpu-train" <<'PY'
+import sys, duckdb
+con = duckdb.connect(f"{sys.argv[1]}/results.duckdb", read_only=True)
+print(con.sql("SELECT step, world, kept, loss_tokens, grad_norm, mismatch, update_s FROM train_steps ORDER BY step"))
+PY

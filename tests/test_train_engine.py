@@ -35,4 +35,7 @@ def test_the_update_is_the_same_on_1_2_and_3_ranks(updates, tiny_dir, world):
     before = AutoModelForCausalLM.from_pretrained(tiny_dir).state_dict()
     moved = max((w1[k] - before[k]).abs().max().item() for k in before)
     diff = max((w1[k] - wn[k]).abs().max().item() for k in w1)
+    from helpers import MACHINE_NOTES
+    MACHINE_NOTES.append(f"rank split: 1 vs {world} gloo ranks: loss {one['loss']:.6g} vs {many['loss']:.6g}, "
+                         f"max |dw| {diff:.1e} (update {moved:.1e})")
     assert moved > 1e-4 and diff < moved * 1e-2, (moved, diff)   # measured: moved 1e-3, diff <= 1.1e-6

@@ -109,7 +109,8 @@ def recompute_logprobs(model: Any, token_ids: list[int], start: int) -> list[flo
     in-process recomputation a trainer does (and the tests compare servers against)."""
     import torch
 
+    device = getattr(model, "device", "cpu")      # a trainer's module may sit on a GPU
     with torch.no_grad():
-        logits = model(torch.tensor([list(token_ids)])).logits[0].float()
+        logits = model(torch.tensor([list(token_ids)], device=device)).logits[0].float()
     lp = torch.log_softmax(logits[start - 1:-1], -1)
-    return lp.gather(1, torch.tensor(token_ids[start:]).unsqueeze(1)).squeeze(1).tolist()
+    return lp.gather(1, torch.tensor(token_ids[start:], device=device).unsqueeze(1)).squeeze(1).tolist()

@@ -113,9 +113,9 @@ class Engine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         env.export()
-        deepspeed.init_distributed(dist_backend="nccl" if self.gpu else "gloo", verbose=False)
         if self.gpu:
-            torch.cuda.set_device(env.local_rank)
+            torch.cuda.set_device(env.local_rank)     # before NCCL's communicator is built
+        deepspeed.init_distributed(dist_backend="nccl" if self.gpu else "gloo", verbose=False)
         dtype = torch.bfloat16 if resolved_dtype(cfg, self.gpu) == "bf16" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
         model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype, attn_implementation=attention_kernel(self.gpu))
