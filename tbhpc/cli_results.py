@@ -84,6 +84,11 @@ def run(args) -> int:
         return _select(args)
     if args.cmd == "report":
         from tbhpc.report.build import build_report
+        if RunDir(args.run).campaign().get("kind") == "train":
+            from tbhpc.report.train import build_train_report
+            md, page = build_train_report(args.run, args.out or args.run / "report")
+            print(f"wrote {md} and {page}")
+            return 0
         counts = checked_counts(args.run, args.allow_incomplete)
         other = checked_counts(args.vs, args.allow_incomplete) if args.vs else None
         kind = RunDir(args.run).campaign().get("kind", "eval")

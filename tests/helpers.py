@@ -57,3 +57,16 @@ def run_ranks(argv_of_rank, world: int, timeout: float = 300, env: dict | None =
         raise AssertionError("\n".join(f"--- rank {r} (exit {p.returncode}) ---\n{o[-3000:]}"
                                        for r, (p, o) in enumerate(zip(procs, outs))))
     return outs
+
+
+def eval_export(export: Path, out: Path, repo: Path) -> int:
+    """A short eval campaign (2 smoke-pool tasks x 2) on an HF export, loaded in process like any
+    user checkpoint; asserts it ran and returns the number of ok attempts."""
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, "-m", "tbhpc.cli", "eval", "--out", str(out), "policy=tokens",
+                          f"policy_opts={{generator: local, model_path: {export}, max_tokens: 48, response_budget: 160}}",
+                          "tasks=jobs/pools/smoke.yaml", "limit=2", "repeats=2"], cwd=repo, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return sum(r[3] == "ok" for r in attempt_rows(out))

@@ -5,11 +5,12 @@ an eval campaign on the HF export (loaded by transformers like any user checkpoi
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import duckdb
 import pytest
+
+from helpers import eval_export
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -45,9 +46,4 @@ def test_make_train_runs_grpo_on_the_cluster_with_the_server_alongside(tmp_path)
     job = yaml.safe_load((run / "slurm" / "train-jobs.yaml").read_text())["train"]
     state = subprocess.run(["sacct", "-n", "-X", "-j", str(job), "-o", "State"], capture_output=True, text=True).stdout
     assert state.split() == ["COMPLETED"], state
-    export = run / "exports" / "step-000003"
-    ev = subprocess.run([sys.executable, "-m", "tbhpc.cli", "eval", "--out", str(tmp_path / "ev"), "policy=tokens",
-                         f"policy_opts={{generator: local, model_path: {export}, max_tokens: 64, response_budget: 256}}",
-                         "tasks=jobs/pools/smoke.yaml", "limit=2", "repeats=2"], cwd=REPO, capture_output=True, text=True,
-                        timeout=600)
-    assert ev.returncode == 0, ev.stdout + ev.stderr
+    assert eval_export(run / "exports" / "step-000003", tmp_path / "ev", REPO) == 4

@@ -19,6 +19,8 @@ import duckdb
 import numpy as np
 import pytest
 
+from helpers import eval_export
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["generator=local", "steps=2", "group_size=4", "groups_per_step=2", "max_draws=8", "max_tokens=48",
@@ -48,7 +50,7 @@ def pool(tmp_path_factory):
 @pytest.fixture(scope="module")
 def uninterrupted(warm_dir, pool, tmp_path_factory):
     run = tmp_path_factory.mktemp("train-local") / "run"
-    res = _train(run, f"model={warm_dir}", pool, *SMALL)
+    res = _train(run, f"model={warm_dir}", pool, *SMALL, "tensorboard=true")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return run, res.stdout
 
@@ -85,17 +87,23 @@ def test_local_run_trains_records_and_publishes(uninterrupted, warm_dir):
         assert abs(adv[g == gid].sum()) < 1e-5
 
 
+def test_report_plots_the_curves_and_tensorboard_has_the_scalars(uninterrupted):
+    run, _ = uninterrupted
+    res = subprocess.run([sys.executable, "-m", "tbhpc.cli", "report", str(run)], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    md = (run / "report" / "report.md").read_text()
+    assert "# Training report: train" in md and "| 2 | step-000001 |" in md and "train_curves.png" in md
+    assert (run / "report" / "train_curves.png").stat().st_size > 10_000
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("train/reward_mean")] == [1, 2]
+    assert {"train/loss", "train/grad_norm", "train/mismatch", "train/update_s"} <= set(acc.Tags()["scalars"])
+
+
 def test_an_eval_campaign_runs_on_the_hf_export(uninterrupted, tmp_path):
     run, _ = uninterrupted
-    export = run / "exports" / "step-000002"
-    res = subprocess.run([sys.executable, "-m", "tbhpc.cli", "eval", "--out", str(tmp_path / "ev"), "policy=tokens",
-                          f"policy_opts={{generator: local, model_path: {export}, max_tokens: 48, response_budget: 160}}",
-                          "tasks=jobs/pools/smoke.yaml", "limit=2", "repeats=2"], cwd=REPO, capture_output=True, text=True,
-                         timeout=600)
-    assert res.returncode == 0, res.stdout + res.stderr
-    con = duckdb.connect(str(tmp_path / "ev" / "results.duckdb"), read_only=True)
-    assert con.execute("SELECT count(*) FROM attempts WHERE status = 'ok'").fetchone()[0] == 4
-    con.close()
+    assert eval_export(run / "exports" / "step-000002", tmp_path / "ev", REPO) == 4
 
 
 def test_a_resumed_run_with_other_hyperparameters_is_refused(uninterrupted, warm_dir, pool):

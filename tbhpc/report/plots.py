@@ -81,3 +81,39 @@ def _save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def train_curves(steps: list[dict], path: Path) -> Path:
+    """Per-step training scalars: reward and mixed share, loss and grad norm, clip and logprob
+    mismatch, and where the step's time went."""
+    x = [r["step"] for r in steps]
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5))
+    ax = axes[0][0]
+    ax.plot(x, [r["reward_mean"] for r in steps], marker="o", label="reward (all drawn episodes)")
+    ax.plot(x, [r["mixed_share"] for r in steps], marker=".", ls="--", label="mixed-group share")
+    ax.set_title("reward")
+    ax.legend(fontsize=8)
+    ax = axes[0][1]
+    ax.plot(x, [r["loss"] for r in steps], marker="o", label="loss")
+    ax2 = ax.twinx()
+    ax2.plot(x, [r["grad_norm"] for r in steps], marker=".", color="#c44", label="grad norm")
+    ax.set_title("loss (left) and grad norm (right)")
+    ax = axes[1][0]
+    ax.plot(x, [r["clip_fraction"] for r in steps], marker="o", label="clip fraction")
+    ax.plot(x, [r["mismatch"] for r in steps], marker=".", label="|trainer - server| logprob")
+    ax.set_yscale("symlog", linthresh=1e-6)
+    ax.set_title("clipping and logprob mismatch")
+    ax.legend(fontsize=8)
+    ax = axes[1][1]
+    bottom = np.zeros(len(x))
+    for key, color in (("rollout_s", "#4a4"), ("update_s", "#36c"), ("publish_s", "#d93"), ("sync_s", "#999")):
+        vals = np.array([r[key] for r in steps], dtype=float)
+        ax.bar(x, vals, bottom=bottom, color=color, label=key.removesuffix("_s"))
+        bottom += vals
+    ax.set_title("step time (s)")
+    ax.legend(fontsize=8)
+    from matplotlib.ticker import MaxNLocator
+    for a in axes.flat:
+        a.set_xlabel("step")
+        a.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return _save(fig, path)
