@@ -8,7 +8,6 @@ markers on disk, endpoint.json, logs/weight_sync.jsonl.
 """
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
