@@ -19,8 +19,6 @@ import duckdb
 import numpy as np
 import pytest
 
-from helpers import eval_export
-
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["generator=local", "steps=2", "group_size=4", "groups_per_step=2", "max_draws=8", "max_tokens=48",
@@ -50,7 +48,8 @@ def pool(tmp_path_factory):
 @pytest.fixture(scope="module")
 def uninterrupted(warm_dir, pool, tmp_path_factory):
     run = tmp_path_factory.mktemp("train-local") / "run"
-    res = _train(run, f"model={warm_dir}", pool, *SMALL, "tensorboard=true")
+    res = _train(run, f"model={warm_dir}", pool, *SMALL, "tensorboard=true", "export_eval=jobs/eval.yaml",
+                 "export_eval_overrides=[tasks=jobs/pools/smoke.yaml, limit=2, repeats=2, workers=1]")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return run, res.stdout
 
@@ -101,9 +100,21 @@ def test_report_plots_the_curves_and_tensorboard_has_the_scalars(uninterrupted):
     assert {"train/loss", "train/grad_norm", "train/mismatch", "train/update_s"} <= set(acc.Tags()["scalars"])
 
 
-def test_an_eval_campaign_runs_on_the_hf_export(uninterrupted, tmp_path):
-    run, _ = uninterrupted
-    assert eval_export(run / "exports" / "step-000002", tmp_path / "ev", REPO) == 4
+def test_the_export_is_evaluated_by_a_campaign_when_asked(uninterrupted):
+    """export_eval: the trainer starts an eval campaign on the export and goes on (detached here,
+    a submitted pipeline under Slurm)."""
+    run, out = uninterrupted
+    assert "train: evaluating step-000002 in" in out
+    log = run / "logs" / "eval-step-000002.log"
+    deadline = time.monotonic() + 300
+    while "planned" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no eval log"
+        time.sleep(1)
+    assert "4 planned, 0 already done, 4 executed (4 ok, 0 system errors), 0 still to run" in log.read_text()
+    con = duckdb.connect(str(run / "evals" / "step-000002" / "results.duckdb"), read_only=True)
+    pid = con.execute("SELECT DISTINCT policy_id FROM attempts").fetchall()
+    con.close()
+    assert len(pid) == 1 and "step-000002" in pid[0][0]       # the policy id names the export
 
 
 def test_a_resumed_run_with_other_hyperparameters_is_refused(uninterrupted, warm_dir, pool):

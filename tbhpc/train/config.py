@@ -63,6 +63,8 @@ class TrainConfig:
     checkpoint_every: int = 1             # DeepSpeed checkpoint (optimizer state) every N steps, for resume
     keep_checkpoints: int = 2
     export_every: int = 0                 # HF export to RUN/exports/step-N every N steps (0: only the last step)
+    export_eval: str = ""                 # an eval campaign config run on every export (RUN/evals/step-N), off if empty
+    export_eval_overrides: list[str] = field(default_factory=list)   # key=value for it, e.g. [limit=50, repeats=4]
     sync_timeout_s: float = 900.0         # wait this long for the server to announce new weights
     tensorboard: bool = False             # scalars to RUN/tensorboard as well
     # how `tbhpc submit train` launches it

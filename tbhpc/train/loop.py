@@ -203,6 +203,8 @@ class Trainer:
                 dest = self.run_path / "exports" / version_name(step)
                 shutil.rmtree(dest, ignore_errors=True)
                 shutil.copytree(path, dest)
+                if self.cfg.export_eval:
+                    self.log(start_export_eval(self.cfg, self.run_path, step, dest))
         self.eng.barrier()
 
     def _step_row(self, step, outcomes, cutoff, stats, timings) -> dict:
@@ -259,6 +261,25 @@ def requeue_or_exit(rank0: bool, log=print) -> int:
         out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
         log(f"train: requeued job {job}" if out.returncode == 0 else f"train: scontrol requeue {job} failed: {out.stderr.strip()}")
     return 0 if job else STOPPED
+
+
+def start_export_eval(cfg: TrainConfig, run_path: Path, step: int, export: Path) -> str:
+    """Evaluate an export without holding up training: under Slurm a submitted eval pipeline
+    (array -> merge -> agg), elsewhere a detached local campaign; results in RUN/evals/step-N."""
+    import sys
+    out = run_path / "evals" / version_name(step)
+    args = ["--config", cfg.export_eval, "--out", str(out), "policy=tokens",
+            f"policy_opts={{generator: local, model_path: {export}, max_tokens: {cfg.max_tokens}, "
+            f"response_budget: {cfg.response_budget}}}", *cfg.export_eval_overrides]
+    if os.environ.get("SLURM_JOB_ID"):
+        cmd = [sys.executable, "-m", "tbhpc.cli", "submit", "eval", *args]
+    else:
+        cmd = [sys.executable, "-m", "tbhpc.cli", "eval", *args]
+    log = run_path / "logs" / f"eval-{version_name(step)}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as fh:
+        subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    return f"train: evaluating {export.name} in {out} ({'submitted' if os.environ.get('SLURM_JOB_ID') else 'local'}; log {log})"
 
 
 def _domain(name: str):

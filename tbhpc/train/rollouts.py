@@ -60,22 +60,29 @@ def run_rank_rollouts(ctx: RolloutContext, queue: DrawQueue, step: int, expected
     out: list[GroupOutcome] = []
     lock = threading.Lock()
     group_threads = max(1, math.ceil(ctx.episodes_in_flight / ctx.group_size))
+    errors: list[BaseException] = []
     with ThreadPoolExecutor(ctx.episodes_in_flight, thread_name_prefix="episode") as episodes:
         def worker() -> None:
-            while not stop.is_set() and (i := queue.claim()) is not None:
-                g = _run_group(ctx, episodes, queue, step, i, expected_version, stop)
-                if g.status != SURPLUS:
-                    queue.report(i, g.status)
-                with lock:
-                    out.append(g)
-                queue.cutoff()    # decide as soon as the outcomes allow: other workers stop claiming
+            try:
+                while not stop.is_set() and (i := queue.claim()) is not None:
+                    g = _run_group(ctx, episodes, queue, step, i, expected_version, stop)
+                    if g.status != SURPLUS:
+                        queue.report(i, g.status)
+                    with lock:
+                        out.append(g)
+                    queue.cutoff()    # decide as soon as the outcomes allow: other workers stop claiming
+            except BaseException as exc:   # a bug or a refused template: stop everyone, re-raise below
+                errors.append(exc)
+                stop.set()
             if stop.is_set():
-                queue.abort()     # a signal here stops every rank's claims
+                queue.abort()     # a signal (or an error) here stops every rank's claims
         threads = [threading.Thread(target=worker, name=f"group-{k}") for k in range(group_threads)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
+    if errors:
+        raise errors[0]
     return sorted(out, key=lambda g: g.index)
 
 
