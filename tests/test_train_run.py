@@ -107,7 +107,7 @@ def test_the_export_is_evaluated_by_a_campaign_when_asked(uninterrupted):
     assert "train: evaluating step-000002 in" in out
     log = run / "logs" / "eval-step-000002.log"
     deadline = time.monotonic() + 300
-    while "planned" not in (log.read_text() if log.exists() else ""):
+    while "still to run" not in (log.read_text() if log.exists() else ""):
         assert time.monotonic() < deadline, log.read_text() if log.exists() else "no eval log"
         time.sleep(1)
     assert "4 planned, 0 already done, 4 executed (4 ok, 0 system errors), 0 still to run" in log.read_text()
