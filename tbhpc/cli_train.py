@@ -13,8 +13,6 @@ def add_parsers(sub) -> None:
     p.add_argument("run", type=Path, help="run directory (shared by the trainer ranks and the serving job)")
     p.add_argument("--config", type=Path, help="YAML train config (see jobs/train.yaml)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-
-
     w = sub.add_parser("warmstart", help="build a small model and fine-tune it on oracle episodes (a GRPO start point)")
     w.add_argument("--out", type=Path, required=True, help="where the warm-started HF model goes")
     w.add_argument("--tasks", type=Path, required=True, help="task ids to learn from (a pool file or id list)")

@@ -42,6 +42,8 @@ def test_make_train_runs_grpo_on_the_cluster_with_the_server_alongside(tmp_path)
     syncs = [s for s in read_syncs(run) if s.get("version", "").startswith("step-")]
     assert {s["version"] for s in syncs if s.get("verified")} >= {"step-000001", "step-000002"}, syncs
     assert not (run / "endpoint.json").exists()           # the serving job ended with the training
+    ready = sorted(p.name for p in (run / "checkpoints").glob("*.ready"))
+    assert ready == ["step-000002.ready", "step-000003.ready"]   # keep_published: 2 (exports/ keeps its own copy)
     import yaml
     job = yaml.safe_load((run / "slurm" / "train-jobs.yaml").read_text())["train"]
     state = subprocess.run(["sacct", "-n", "-X", "-j", str(job), "-o", "State"], capture_output=True, text=True).stdout

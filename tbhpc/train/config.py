@@ -61,7 +61,8 @@ class TrainConfig:
     torch_threads: int = 1                # CPU ranks
     # what the run keeps
     checkpoint_every: int = 1             # DeepSpeed checkpoint (optimizer state) every N steps, for resume
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2             # DeepSpeed checkpoints kept
+    keep_published: int = 2               # published weight directories kept (the server loads only the newest)
     export_every: int = 0                 # HF export to RUN/exports/step-N every N steps (0: only the last step)
     export_eval: str = ""                 # an eval campaign config run on every export (RUN/evals/step-N), off if empty
     export_eval_overrides: list[str] = field(default_factory=list)   # key=value for it, e.g. [limit=50, repeats=4]

@@ -199,6 +199,7 @@ class Trainer:
         if self.rank0:
             path = write_checkpoint(self.run_path, step, self.eng.module, self.eng.tokenizer, state_dict=sd)
             mark_ready(self.run_path, step, path, fp)
+            self._prune_published(step)
             if (self.cfg.export_every and step % self.cfg.export_every == 0) or step == self.cfg.steps:
                 dest = self.run_path / "exports" / version_name(step)
                 shutil.rmtree(dest, ignore_errors=True)
@@ -206,6 +207,15 @@ class Trainer:
                 if self.cfg.export_eval:
                     self.log(start_export_eval(self.cfg, self.run_path, step, dest))
         self.eng.barrier()
+
+    def _prune_published(self, step: int) -> None:
+        """Published weights older than the newest `keep_published` go (marker first, so nobody
+        picks up a directory that is being removed); exports/ keeps its own copies."""
+        for old in range(1, step - self.cfg.keep_published + 1):
+            marker = self.run_path / "checkpoints" / f"{version_name(old)}.ready"
+            if marker.exists():
+                marker.unlink()
+                shutil.rmtree(self.run_path / "checkpoints" / version_name(old), ignore_errors=True)
 
     def _step_row(self, step, outcomes, cutoff, stats, timings) -> dict:
         import torch.distributed as dist

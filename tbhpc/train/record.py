@@ -31,8 +31,8 @@ from tbhpc.train.config import TrainConfig
 
 # fields that say how a run executes, not what it learns: they may change when a run resumes
 EXECUTION_FIELDS = ("steps", "episodes_in_flight", "microbatch_tokens", "torch_threads", "checkpoint_every",
-                    "keep_checkpoints", "export_every", "export_eval", "export_eval_overrides", "sync_timeout_s", "tensorboard", "nodes", "gpus_per_node",
-                    "serve_config", "serve", "slurm")
+                    "keep_checkpoints", "keep_published", "export_every", "export_eval", "export_eval_overrides",
+                    "sync_timeout_s", "tensorboard", "nodes", "gpus_per_node", "serve_config", "serve", "slurm")
 
 STEP_COLUMNS: dict[str, str] = {
     "run": "VARCHAR", "step": "INTEGER", "policy_version": "VARCHAR", "world": "INTEGER",

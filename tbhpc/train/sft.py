@@ -49,16 +49,14 @@ class _RecordingPolicy:
 
 def oracle_examples(tokenizer, tasks: list, seed: int = 0) -> list[Episode]:
     """One token-exact example per task: the oracle's episode (only passed episodes are kept)."""
-    from tbhpc.agents import build_judge, build_user
     from tbhpc.domains import get_domain
     from tbhpc.env.episode import run_episode
+    from tbhpc.env.judge import KeywordJudge
+    from tbhpc.env.users import ScriptedUser
     from tbhpc.policy.scripted import OraclePolicy
 
-    class _Flags:
-        user, judge = "scripted", "keyword"
-
     policy = _RecordingPolicy(tokenizer, OraclePolicy())
-    user, judge = build_user(_Flags), build_judge(_Flags)
+    user, judge = ScriptedUser(), KeywordJudge()
     out = []
     for i, task in enumerate(tasks):
         res = run_episode(task, get_domain(task.domain), policy, user, judge, seed=seed + i)
