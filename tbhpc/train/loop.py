@@ -118,7 +118,13 @@ class Trainer:
         sync_s = self._sampling_weights(step)
         t0 = time.monotonic()
         queue = DrawQueue(self.store, step, cfg.groups_per_step, cfg.draw_cap)
-        outcomes = run_rank_rollouts(self.ctx, queue, step, expected_version=step - 1, stop=self.stop)
+        done = threading.Event()
+        if self.rank0:
+            threading.Thread(target=self._progress, args=(step, queue, done, t0), daemon=True).start()
+        try:
+            outcomes = run_rank_rollouts(self.ctx, queue, step, expected_version=step - 1, stop=self.stop)
+        finally:
+            done.set()
         rollout_s = time.monotonic() - t0
         if self._agree_to_stop():
             raise Preempted(f"stopped during the rollouts of step {step}; it is redrawn on resume")
@@ -153,6 +159,13 @@ class Trainer:
                 self.tb.flush()
         if self._agree_to_stop():
             raise Preempted(f"stopped after step {step} (checkpointed)")
+
+    def _progress(self, step: int, queue: DrawQueue, done: threading.Event, t0: float, every_s: float = 10.0) -> None:
+        """A progress line every `every_s` while a step's rollouts run (they can take minutes)."""
+        while not done.wait(every_s):
+            claimed, mixed = queue.progress()
+            self.log(f"step {step:>4} rollouts: {claimed} drawn, {mixed}/{self.cfg.groups_per_step} mixed groups, "
+                     f"{time.monotonic() - t0:.0f} s")
 
     def _advantages(self, kept):
         episodes, adv = [], []

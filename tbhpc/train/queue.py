@@ -77,6 +77,11 @@ class DrawQueue:
                 self._cutoff = cut
         return self._cutoff
 
+    def progress(self) -> tuple[int, int]:
+        """(draws claimed, mixed groups reported) so far, over every rank."""
+        with self._lock:
+            return int(self.store.add(self.prefix + "next", 0)), int(self.store.add(self.prefix + "mixed", 0))
+
     def abort(self) -> None:
         """Every rank stops claiming (a preemption signal reached one of them)."""
         with self._lock:
