@@ -34,7 +34,7 @@ from tbhpc.train.engine import DistEnv, Engine
 from tbhpc.train.grpo import group_advantages
 from tbhpc.train.packing import effective_budget, pack
 from tbhpc.train.queue import MIXED, DrawQueue, make_store
-from tbhpc.train.record import open_train_run, read_steps, record_step, step_line
+from tbhpc.train.record import open_train_run, record_step, step_line
 from tbhpc.train.rollouts import RolloutContext, run_rank_rollouts
 
 STOPPED = 3     # exit status of a run stopped by a signal outside Slurm (run the same command to resume)
@@ -63,7 +63,7 @@ class Trainer:
         self.run_path = Path(run_path).resolve()
         self.eng = Engine(cfg, self.env)
         if self.rank0:
-            self.run = open_train_run(cfg, self.run_path, tasks)
+            open_train_run(cfg, self.run_path, tasks)     # creates it, or checks a resumed one is the same run
         self.eng.barrier()
         from tbhpc.store.run_dir import RunDir
         self.run = RunDir(self.run_path).require()
@@ -322,7 +322,3 @@ def _tensorboard(run_path: Path):
         raise UserError(f"train config: tensorboard=true needs the tensorboard package ({exc})") from None
     return SummaryWriter(str(run_path / "tensorboard"))
 
-
-def steps_done(run_path: Path) -> list[dict]:
-    from tbhpc.store.run_dir import RunDir
-    return read_steps(RunDir(Path(run_path)))
