@@ -151,7 +151,7 @@ def test_trainer_script_asks_for_nodes_and_ranks(tmp_path):
     text = render_train("/runs/r", "/runs/r/train.yaml", cfg, "/work", serve_job="1234")
     for line in ("#SBATCH --dependency=after:1234", "#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=8",
                  "#SBATCH --gpus-per-node=8", "#SBATCH --requeue", "#SBATCH --signal=USR2@120",
-                 "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+                 "export MASTER_PORT=$((20000 + 2 * (SLURM_JOB_ID % 20000)))",
                  "srun --kill-on-bad-exit=1 "):
         assert line in text, line
     assert "tbhpc.cli train /runs/r --config /runs/r/train.yaml" in text

@@ -43,10 +43,10 @@ def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, ser
     if cfg.gpus_per_node and not opts.gres:
         header.append(f"--gpus-per-node={cfg.gpus_per_node}")
     body = [
-        "# rank 0's node hosts the process-group rendezvous; the port is derived from the job id",
+        "# rank 0's node hosts the rendezvous on MASTER_PORT and the draw queue on MASTER_PORT+1 (ports from the job id)",
         'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
         'export MASTER_ADDR=$(scontrol show node "$first" | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')',
-        "export MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))",
+        "export MASTER_PORT=$((20000 + 2 * (SLURM_JOB_ID % 20000)))",
         f"export OMP_NUM_THREADS={cfg.torch_threads}",
         "# USR2 (before the time limit) and SIGTERM (preemption) reach every rank: they checkpoint, rank 0 requeues",
         "srun --kill-on-bad-exit=1 " + " ".join(shlex.quote(c) for c in
