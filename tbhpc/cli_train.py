@@ -22,6 +22,8 @@ def add_parsers(sub) -> None:
     w.add_argument("--lr", type=float, default=3e-3)
     w.add_argument("--batch-tokens", type=int, default=2048)
     w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--ask", action="store_true", help="oracle episodes that ask the user for the facts their calls use "
+                                                      "(generalises to unseen tasks; the smoke warm start memorises)")
 
 
 def run_warmstart(args) -> int:
@@ -34,7 +36,7 @@ def run_warmstart(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         base = str(args.base) if args.base else str(build_tiny_model(Path(tmp) / "base", seed=args.seed))
         out = sft(base, str(args.out), tasks, steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens, seed=args.seed,
-                  log=lambda m: print(m, flush=True))
+                  log=lambda m: print(m, flush=True), ask=args.ask)
     print(f"warmstart: {out} (fine-tuned on oracle episodes of {len(tasks)} tasks, {args.steps} steps)")
     return 0
 

@@ -19,6 +19,21 @@ def test_oracle_passes_every_bundled_task(pack_tasks):
     assert failures == []
 
 
+def test_an_oracle_that_asks_for_the_facts_it_uses_passes_every_task(pack_tasks):
+    """What a model must do (the golden calls know the user's email, a model does not): ask first,
+    then act on the simulated user's answer. Warm-start data without the shortcut."""
+    oracle = make_policy("oracle", ask=True)
+    failures, asked = [], 0
+    for t in pack_tasks:
+        r = _run(t, oracle)
+        if not r.passed:
+            failures.append((t.id, r.finish_reason))
+        first = r.messages[2]
+        asked += first["role"] == "assistant" and first["content"].startswith("To help you, could you tell me your")
+        assert "I don't know" not in r.messages[3]["content"]        # the user had every fact asked for
+    assert failures == [] and asked == len(pack_tasks)
+
+
 def test_oracle_in_qwen3_xml_format_passes_too(pack_tasks):
     oracle = OraclePolicy(fmt="qwen3_xml")
     sample = pack_tasks[::7]

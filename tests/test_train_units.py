@@ -168,3 +168,18 @@ def test_step_line_reads_like_a_log():
     line = step_line(row)
     assert line.startswith("step    3 [step-000002] reward 0.250 mixed 3/4 (drawn 5, dropped 1, re-runs 2)")
     assert "update 2.0s" in line and "sync 0.2s" in line
+
+
+def test_warmstart_examples_are_the_token_traces_of_passed_oracle_episodes(tiny_dir, tasks_by_id):
+    """SFT data is built like rollouts: prompt tokens masked, the oracle's turns as if generated
+    (end-of-turn included); with ask=True the first turn asks the user for the facts it needs."""
+    from transformers import AutoTokenizer
+    from tbhpc.train.sft import oracle_examples
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    task = tasks_by_id["retail-order_status-001"]
+    plain, = oracle_examples(tok, [task])
+    asking, = oracle_examples(tok, [task], ask=True)
+    said = tok.decode([t for t, m in zip(asking.tokens, asking.loss_mask) if m])
+    assert said.startswith("To help you, could you tell me your email?<|im_end|><tool_call>")
+    assert said.count("<|im_end|>") == tok.decode([t for t, m in zip(plain.tokens, plain.loss_mask) if m]).count("<|im_end|>") + 1
+    assert plain.reward == asking.reward == 1.0 and asking.loss_mask[0] == 0

@@ -28,6 +28,7 @@ class OraclePolicy:
     calls: Callable[[Task], list[GoldenCall]] | None = None
     delay_s: float = 0.0      # emulated model latency per completion (executor tests, benchmarks)
     skill: float = 1.0        # < 1: a noisy oracle that skips each golden call (and the answer) with 1 - skill
+    ask: bool = False         # first ask the user for the private facts its calls use (what a model must do)
     name: str = "oracle"
 
     def session(self, task: Task, seed: int = 0) -> "_OracleSession":
@@ -37,16 +38,32 @@ class OraclePolicy:
             rng = random.Random(seed)
             calls = [c for c in calls if rng.random() < self.skill]
             response = response if rng.random() < self.skill else "I could not finish this."
-        return _OracleSession(calls, response, self.fmt, self.delay_s)
+        question = facts_question(task, calls) if self.ask else ""
+        return _OracleSession(calls, response, self.fmt, self.delay_s, question)
+
+
+def facts_question(task: Task, calls: list[GoldenCall]) -> str:
+    """A question for the user's private facts that the calls need and the query does not give
+    ("" when none): the golden calls know them, a model has to ask."""
+    from tbhpc.env.users import parse_facts
+    used = " ".join(str(v) for c in calls for v in c.parameters.values())
+    keys = [k for k, v in parse_facts(task.user_context) if v and v in used and v not in task.query]
+    if not keys:
+        return ""
+    return "To help you, could you tell me your " + ", ".join(keys[:-1]) + (" and " if len(keys) > 1 else "") + keys[-1] + "?"
 
 
 class _OracleSession:
-    def __init__(self, calls: list[GoldenCall], response: str, fmt: str, delay_s: float = 0.0):
+    def __init__(self, calls: list[GoldenCall], response: str, fmt: str, delay_s: float = 0.0, question: str = ""):
         self.calls, self.response, self.fmt, self.delay_s, self.i = calls, response, fmt, delay_s, 0
+        self.question = question
 
     def complete(self, messages: list[dict], tools: list[dict]) -> Completion:
         if self.delay_s:
             time.sleep(self.delay_s)
+        if self.question:
+            question, self.question = self.question, ""
+            return Completion(question)
         if self.i < len(self.calls):
             call = self.calls[self.i]
             self.i += 1

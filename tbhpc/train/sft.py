@@ -47,15 +47,16 @@ class _RecordingPolicy:
         return _Recorder(self.inner.session(task, seed), self.last)
 
 
-def oracle_examples(tokenizer, tasks: list, seed: int = 0) -> list[Episode]:
-    """One token-exact example per task: the oracle's episode (only passed episodes are kept)."""
+def oracle_examples(tokenizer, tasks: list, seed: int = 0, ask: bool = False) -> list[Episode]:
+    """One token-exact example per task: the oracle's episode (only passed episodes are kept).
+    `ask`: the oracle first asks the user for the facts its calls use, as a model must."""
     from tbhpc.domains import get_domain
     from tbhpc.env.episode import run_episode
     from tbhpc.env.judge import KeywordJudge
     from tbhpc.env.users import ScriptedUser
     from tbhpc.policy.scripted import OraclePolicy
 
-    policy = _RecordingPolicy(tokenizer, OraclePolicy())
+    policy = _RecordingPolicy(tokenizer, OraclePolicy(ask=ask))
     user, judge = ScriptedUser(), KeywordJudge()
     out = []
     for i, task in enumerate(tasks):
@@ -70,7 +71,7 @@ def oracle_examples(tokenizer, tasks: list, seed: int = 0) -> list[Episode]:
 
 
 def sft(model_dir: str, out_dir: str, tasks: list, steps: int = 200, lr: float = 3e-3, batch_tokens: int = 4096,
-        seed: int = 0, threads: int = 1, log=print) -> Path:
+        seed: int = 0, threads: int = 1, log=print, ask: bool = False) -> Path:
     """Fine-tune `model_dir` on oracle episodes of `tasks` (mean token NLL on generated tokens),
     save to `out_dir` with its tokenizer; returns the path."""
     import torch
@@ -82,7 +83,7 @@ def sft(model_dir: str, out_dir: str, tasks: list, steps: int = 200, lr: float =
     torch.set_num_threads(threads)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    examples = oracle_examples(tok, tasks, seed)
+    examples = oracle_examples(tok, tasks, seed, ask)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
     model.train()
