@@ -30,7 +30,7 @@ class Stage:
         return f"{self.run}/logs/slurm"
 
 
-def _common(opts: SlurmOptions, job_name: str, out: str, time: str | None = None) -> list[str]:
+def common_header(opts: SlurmOptions, job_name: str, out: str, time: str | None = None) -> list[str]:
     lines = [f"--job-name={job_name}", f"--output={out}", "--open-mode=append", "--chdir=WORKDIR",
              f"--time={time or opts.time}", f"--cpus-per-task={opts.cpus_per_task}"]
     for flag, value in (("partition", opts.partition), ("account", opts.account), ("qos", opts.qos),
@@ -40,7 +40,7 @@ def _common(opts: SlurmOptions, job_name: str, out: str, time: str | None = None
     return lines + list(opts.extra_sbatch)
 
 
-def _script(header: list[str], body: list[str], workdir: str) -> str:
+def script_text(header: list[str], body: list[str], workdir: str) -> str:
     head = "\n".join(f"#SBATCH {h}".replace("WORKDIR", workdir) for h in header)
     return "#!/bin/bash\n" + head + "\nset -euo pipefail\nexport OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1\n" + "\n".join(body) + "\n"
 
@@ -49,40 +49,40 @@ def render_array(stage: Stage, opts: SlurmOptions, n_tasks: int, indices: str | 
     """One array task per chunk line of `chunks.jsonl`; `indices` resubmits a subset (e.g. "3,7")."""
     spec = indices if indices is not None else f"0-{n_tasks - 1}"
     header = [f"--array={spec}%{opts.array_parallelism}", "--requeue", f"--signal=B:USR2@{opts.signal_seconds}",
-              "--ntasks=1"] + _common(opts, f"tbhpc-{stage.name}", f"{stage.logs}/%x-%A_%a.out")
+              "--ntasks=1"] + common_header(opts, f"tbhpc-{stage.name}", f"{stage.logs}/%x-%A_%a.out")
     body = [f"export TBHPC_FLUSH_EVERY={opts.flush_every}",
             f"exec {shlex.quote(opts.python)} -m tbhpc.launch.array_task {shlex.quote(stage.run)} {stage.stage}"]
-    return _script(header, body, stage.workdir)
+    return script_text(header, body, stage.workdir)
 
 
 def render_step(stage: Stage, opts: SlurmOptions, step: str, command: list[str], dependency: str | None) -> str:
     """A small CPU step after the array (merge, agg, select): afterany, so it runs even when some
     array tasks failed, and reports what is missing."""
-    header = _common(opts, f"tbhpc-{stage.name}-{step}", f"{stage.logs}/%x-%j.out", time="00:30:00") + ["--ntasks=1"]
+    header = common_header(opts, f"tbhpc-{stage.name}-{step}", f"{stage.logs}/%x-%j.out", time="00:30:00") + ["--ntasks=1"]
     if dependency:
         header.insert(0, f"--dependency=afterany:{dependency}")
     body = [" ".join(shlex.quote(c) for c in [opts.python, "-m", "tbhpc.cli", *command])]
-    return _script(header, body, stage.workdir)
+    return script_text(header, body, stage.workdir)
 
 
 def render_mpi(stage: Stage, opts: SlurmOptions) -> str:
     """MPI mode: one allocation of `ntasks` ranks over `nodes` nodes; rank 0 hands out chunks."""
     header = [f"--nodes={opts.nodes}", f"--ntasks={opts.ntasks}", "--requeue", f"--signal=B:USR2@{opts.signal_seconds}"] + \
-        _common(opts, f"tbhpc-{stage.name}-mpi", f"{stage.logs}/%x-%j.out")
+        common_header(opts, f"tbhpc-{stage.name}-mpi", f"{stage.logs}/%x-%j.out")
     body = [f"export TBHPC_FLUSH_EVERY={opts.flush_every}",
             f"srun --mpi={opts.mpi} {shlex.quote(opts.python)} -m tbhpc.launch.mpi_worker {shlex.quote(stage.run)} {stage.stage}"]
-    return _script(header, body, stage.workdir)
+    return script_text(header, body, stage.workdir)
 
 
 def render_serve(run: str, config_path: str, opts: SlurmOptions, workdir: str, gpus: int = 0) -> str:
     """The policy server job: `tbhpc serve` supervises vLLM on the allocated node, publishes
     RUN/endpoint.json with the node's name, and stops vLLM when Slurm ends the job (SIGTERM
     reaches the supervisor: the body execs it)."""
-    header = ["--ntasks=1", "--nodes=1"] + _common(opts, "tbhpc-serve", f"{run}/logs/slurm/%x-%j.out")
+    header = ["--ntasks=1", "--nodes=1"] + common_header(opts, "tbhpc-serve", f"{run}/logs/slurm/%x-%j.out")
     if gpus and not opts.gres:
         header.append(f"--gres=gpu:{gpus}")
     body = ["# vLLM runs from its own environment (ServeConfig.python); this process only supervises it",
             " ".join(shlex.quote(c) for c in [opts.python, "-m", "tbhpc.cli", "serve", run, "--config", config_path,
                                               "host=0.0.0.0"])]
     body[-1] = "exec " + body[-1]
-    return _script(header, body, workdir)
+    return script_text(header, body, workdir)

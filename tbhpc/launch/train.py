@@ -25,7 +25,7 @@ from pathlib import Path
 import yaml
 
 from tbhpc.errors import UserError
-from tbhpc.launch.sbatch import _common, _script, render_serve
+from tbhpc.launch.sbatch import common_header, render_serve, script_text
 from tbhpc.train.config import TrainConfig
 
 SERVE_PLACEHOLDER = "${SERVE_JOB_ID}"
@@ -39,7 +39,7 @@ def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, ser
               f"--signal=USR2@{opts.signal_seconds}"]
     if serve_job:
         header.insert(0, f"--dependency=after:{serve_job}")
-    header += _common(opts, f"tbhpc-train-{cfg.name}", f"{run}/logs/slurm/%x-%j.out")
+    header += common_header(opts, f"tbhpc-train-{cfg.name}", f"{run}/logs/slurm/%x-%j.out")
     if cfg.gpus_per_node and not opts.gres:
         header.append(f"--gpus-per-node={cfg.gpus_per_node}")
     body = [
@@ -52,7 +52,7 @@ def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, ser
         "srun --kill-on-bad-exit=1 " + " ".join(shlex.quote(c) for c in
                                               [opts.python, "-m", "tbhpc.cli", "train", run, "--config", config_path]),
     ]
-    return _script(header, body, workdir)
+    return script_text(header, body, workdir)
 
 
 def serve_config_for(cfg: TrainConfig):

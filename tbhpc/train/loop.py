@@ -33,7 +33,7 @@ from tbhpc.train.draw import load_pool
 from tbhpc.train.engine import DistEnv, Engine
 from tbhpc.train.grpo import group_advantages
 from tbhpc.train.packing import effective_budget, pack
-from tbhpc.train.queue import MIXED, DrawQueue, make_store
+from tbhpc.train.queue import DROPPED, FLAT, MIXED, DrawQueue, make_store
 from tbhpc.train.record import open_train_run, record_step, step_line
 from tbhpc.train.rollouts import RolloutContext, run_rank_rollouts
 
@@ -88,11 +88,11 @@ class Trainer:
             from tbhpc.serve.endpoint import wait_for_version
             wait_for_version(self.run_path, want, timeout_s=self.cfg.sync_timeout_s)
         else:
+            import torch
             from transformers import AutoModelForCausalLM
 
             from tbhpc.policy.generation import LocalGenerator
             path = self.cfg.model if step == 1 else str(published(self.run_path, step - 1).path)
-            import torch
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
             gen = LocalGenerator.for_tokenizer(model, self.eng.tokenizer)
             gen.version = want
@@ -131,7 +131,7 @@ class Trainer:
         cutoff = queue.cutoff()
         if cutoff is None:
             raise TbhpcError(f"step {step}: the rollouts ended undecided (cap {cfg.draw_cap})")
-        mine = [g for g in outcomes if g.index <= cutoff and g.status in (MIXED, "flat")]
+        mine = [g for g in outcomes if g.index <= cutoff and g.status in (MIXED, FLAT)]
         kept = [g for g in mine if g.status == MIXED]
         episodes, adv = self._advantages(kept)
         self._record_attempts(step, mine)
@@ -234,8 +234,8 @@ class Trainer:
         import torch.distributed as dist
         mine = [g for g in outcomes if g.index <= cutoff]
         local = {
-            "drawn": len(mine), "kept": sum(g.status == MIXED for g in mine), "flat": sum(g.status == "flat" for g in mine),
-            "dropped": sum(g.status == "dropped" for g in mine), "surplus": sum(g.index > cutoff for g in outcomes),
+            "drawn": len(mine), "kept": sum(g.status == MIXED for g in mine), "flat": sum(g.status == FLAT for g in mine),
+            "dropped": sum(g.status == DROPPED for g in mine), "surplus": sum(g.index > cutoff for g in outcomes),
             "reruns": sum(g.reruns for g in outcomes),
             "reward_sum": sum(r.episode.reward for g in mine for r in g.rollouts),
             "kept_reward_sum": sum(r.episode.reward for g in mine if g.status == MIXED for r in g.rollouts),
