@@ -53,6 +53,15 @@ def test_process_pool_gives_the_same_rows_as_one_process(tmp_path):
     assert a == b and {r[2] for r in a} == {0.0, 1.0}  # seeded per attempt: same outcomes anywhere
 
 
+def test_episodes_in_flight_give_the_same_rows(tmp_path):
+    noisy = {"skill": 0.7}
+    run_campaign(cfg(policy_opts=noisy, limit=20), tmp_path / "a")
+    run_campaign(cfg(policy_opts=noisy, limit=20, concurrency=5, chunk_size=10), tmp_path / "b")
+    assert rows(tmp_path / "a") == rows(tmp_path / "b")
+    with pytest.raises(UserError, match="'concurrency' must be >= 1"):
+        cfg(concurrency=0)
+
+
 def _cli(out: Path, *extra: str):
     return subprocess.Popen([sys.executable, "-m", "tbhpc.cli", "eval", "--out", str(out), "name=k", "limit=20", "repeats=2",
                              "chunk_size=2", "policy_opts={delay_s: 0.02}", *extra],

@@ -18,7 +18,7 @@ from tbhpc.errors import UserError
 from tbhpc.tasks.loader import default_pack_dir, load_pack, pack_files
 from tbhpc.tasks.schema import Task
 
-EXECUTION_FIELDS = ("workers", "chunk_size", "slurm")
+EXECUTION_FIELDS = ("workers", "chunk_size", "concurrency", "slurm")
 KINDS = ("probe", "eval")
 
 
@@ -43,6 +43,7 @@ class CampaignConfig:
     judge_model: str = "default"
     seed: int = 0
     workers: int = 1                   # execution only
+    concurrency: int = 1               # episodes in flight per worker (threads; a batched generator serves them together)
     chunk_size: int = 8                # attempts per shard (execution only)
     slurm: dict[str, Any] = field(default_factory=dict)  # SlurmOptions fields (execution only)
 
@@ -51,7 +52,7 @@ class CampaignConfig:
             raise UserError(f"campaign config: field 'kind' must be probe or eval, got {self.kind!r}")
         if self.split not in ("train", "eval", "all"):
             raise UserError(f"campaign config: field 'split' must be train, eval or all, got {self.split!r}")
-        for name in ("repeats", "workers", "chunk_size"):
+        for name in ("repeats", "workers", "chunk_size", "concurrency"):
             if getattr(self, name) < 1:
                 raise UserError(f"campaign config: field {name!r} must be >= 1")
 

@@ -52,7 +52,12 @@ class Worker:
 
     def run_chunk(self, keys: list[Key]) -> tuple[int, int]:
         """Run the attempts, write one shard; returns (ok, system_errors)."""
-        rows = [self.attempt(task_id, index) for task_id, index in keys]
+        if self.cfg.concurrency > 1 and len(keys) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(min(self.cfg.concurrency, len(keys)), thread_name_prefix="episode") as pool:
+                rows = list(pool.map(lambda k: self.attempt(*k), keys))
+        else:
+            rows = [self.attempt(task_id, index) for task_id, index in keys]
         write_shard(self.run.shards, rows)
         errors = sum(r["status"] == "system_error" for r in rows)
         return len(rows) - errors, errors

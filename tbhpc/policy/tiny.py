@@ -9,6 +9,7 @@ a user's checkpoint.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 CHAT_TEMPLATE = """{%- if messages and messages[0].role == 'system' %}<|im_start|>system
@@ -44,6 +45,23 @@ Call a tool with <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
 
+# The demo model's template: the same turns, but tools listed as one-line signatures (names,
+# argument names, allowed values; `?` = optional) instead of JSON schemas. The schemas are ~2k of
+# the ~2.4k system tokens, and a model of a million parameters learns the domains' procedures
+# from its warm start, not from reading schemas: the short prompt is what makes training fit a
+# CPU. The tool-call format the interpreter parses is unchanged.
+COMPACT_TEMPLATE = CHAT_TEMPLATE.replace("""
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools>
+Call a tool with <tool_call>{"name": ..., "arguments": {...}}</tool_call>.""", """
+{%- for tool in tools %}{% set f = tool.function %}{% set req = f.parameters.required or [] %}{{ '\n' ~ f.name }}({% for k, v in f.parameters.properties.items() %}{{ k }}{% if k not in req %}?{% endif %}
+{%- if v.enum %}={{ v.enum | join('|') }}{% endif %}{% if not loop.last %}, {% endif %}{% endfor %})
+{%- endfor %}""")
+assert COMPACT_TEMPLATE != CHAT_TEMPLATE
+
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKUP = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>", "<DONE>"]
 
@@ -61,12 +79,34 @@ def corpus() -> list[str]:
     return texts
 
 
-def build_tokenizer(vocab_size: int = 4000):
+@dataclass(frozen=True)
+class TinySpec:
+    """Shape of a project-built model. `tiny`: plumbing tests (0.3M parameters, fast to serve).
+    `demo`: the model `make demo` trains (~1M parameters; digits are single tokens so ids and
+    amounts are copied digit by digit, the compact template keeps prompts short)."""
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 2
+    kv_heads: int = 1
+    intermediate: int = 128
+    vocab: int = 4000
+    split_digits: bool = False
+    compact: bool = False
+
+
+SPECS = {"tiny": TinySpec(),
+         "demo": TinySpec(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384, vocab=1500,
+                          split_digits=True, compact=True)}
+
+
+def build_tokenizer(vocab_size: int = 4000, split_digits: bool = False, compact: bool = False):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                         if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
@@ -74,20 +114,25 @@ def build_tokenizer(vocab_size: int = 4000):
     tok.add_tokens(MARKUP)  # markup: single tokens, but not "special" (decode keeps them)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    bos_token=None, unk_token=None)
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = COMPACT_TEMPLATE if compact else CHAT_TEMPLATE
     return fast
 
 
-def build_tiny_model(out_dir: Path | str, arch: str = "qwen3", seed: int = 0, vocab_size: int = 4000) -> Path:
-    """Write a tokenizer + randomly initialised tiny model to `out_dir`; returns the path."""
+def build_tiny_model(out_dir: Path | str, arch: str = "qwen3", seed: int = 0, vocab_size: int | None = None,
+                     size: str = "tiny") -> Path:
+    """Write a tokenizer + randomly initialised model of shape SPECS[size] to `out_dir`; returns the path."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
+    if size not in SPECS:
+        raise ValueError(f"model size must be one of {sorted(SPECS)}, got {size!r}")
+    spec = SPECS[size]
     out = Path(out_dir)
-    tok = build_tokenizer(vocab_size)
+    tok = build_tokenizer(vocab_size or spec.vocab, spec.split_digits, spec.compact)
     # head_dim 32: the smallest head size vLLM's CPU attention kernels accept.
-    common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                  num_key_value_heads=1, max_position_embeddings=32768, tie_word_embeddings=True,
+    common = dict(vocab_size=len(tok), hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+                  num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
+                  num_key_value_heads=spec.kv_heads, max_position_embeddings=32768, tie_word_embeddings=True,
                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
     config = Qwen3Config(head_dim=32, **common) if arch == "qwen3" else LlamaConfig(**common)
     torch.manual_seed(seed)

@@ -6,13 +6,16 @@ The generated text goes through the same interpreter as every other policy (the 
 does that); this policy only turns history into ids and ids into text.
 
 Options: `generator=server` (a vLLM server: `endpoint=RUN_DIR` reads RUN/endpoint.json, or
-`base_url=http://host:port`) or `generator=local` (the model at `model_path`, in process).
+`base_url=http://host:port`), `generator=local` (the model at `model_path`, in process, one
+`generate` per turn) or `generator=batched` (in process, continuous batching across the episodes
+a worker runs at once: campaigns set `concurrency`).
 `model_path` also supplies the tokenizer and chat template in server mode (on a cluster: the
 same shared directory the server loads). Sampling defaults: temperature 1.0, top-k 20, top-p
 0.95, `max_tokens` per turn, `response_budget` generated tokens per episode.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,12 +28,14 @@ from tbhpc.tasks.schema import Task
 
 
 MAX_KEPT_TRACES = 256
+_TRACES_LOCK = threading.Lock()
+_LOAD_LOCK = threading.Lock()
 
 
 @dataclass
 class TokenPolicy:
     model_path: str = ""
-    generator: str = "server"           # server | local
+    generator: str = "server"           # server | local | batched
     endpoint: str = ""                  # server mode: run dir or endpoint.json
     base_url: str = ""                  # server mode: http://host:port (instead of endpoint)
     served_model: str = "policy"
@@ -49,9 +54,13 @@ class TokenPolicy:
     _engine: tuple = field(default=(), repr=False)
 
     def load(self) -> tuple[Any, Generator]:
+        with _LOAD_LOCK:          # the first sessions of a worker's episode threads arrive together
+            return self._load()
+
+    def _load(self) -> tuple[Any, Generator]:
         if not self._engine:
-            if self.generator not in ("server", "local"):
-                raise UserError(f"--policy tokens: generator must be server or local, got {self.generator!r}")
+            if self.generator not in ("server", "local", "batched"):
+                raise UserError(f"--policy tokens: generator must be server, local or batched, got {self.generator!r}")
             self._engine = self._server_engine() if self.generator == "server" else self._local_engine()
         return self._engine
 
@@ -75,6 +84,9 @@ class TokenPolicy:
     def _local_engine(self) -> tuple[Any, Generator]:
         from tbhpc.policy.hf import HFPolicy
         tok, model = HFPolicy(model_path=self.model_path, threads=self.threads)._load()
+        if self.generator == "batched":
+            from tbhpc.policy.batched import BatchedGenerator
+            return tok, BatchedGenerator(model, tok.eos_token_id)
         return tok, LocalGenerator.for_tokenizer(model, tok)
 
     def sampling(self, max_tokens: int) -> Sampling:
@@ -83,14 +95,16 @@ class TokenPolicy:
     def session(self, task: Task, seed: int = 0) -> "TokenSession":
         tok, gen = self.load()
         s = TokenSession(self, task.id, seed, TokenTrace(tok, on_break=self.on_template_break), gen)
-        self.traces[(task.id, seed)] = s.trace
-        while len(self.traces) > MAX_KEPT_TRACES:   # a campaign never pops them: keep the newest only
-            self.traces.pop(next(iter(self.traces)))
+        with _TRACES_LOCK:        # sessions open from many episode threads
+            self.traces[(task.id, seed)] = s.trace
+            while len(self.traces) > MAX_KEPT_TRACES:   # a campaign never pops them: keep the newest only
+                self.traces.pop(next(iter(self.traces)))
         return s
 
     def pop_trace(self, task_id: str, seed: int) -> TokenTrace | None:
         """The trace of an episode; None if it never opened a session (e.g. its backend failed first)."""
-        return self.traces.pop((task_id, seed), None)
+        with _TRACES_LOCK:
+            return self.traces.pop((task_id, seed), None)
 
 
 @dataclass

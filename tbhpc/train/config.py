@@ -30,7 +30,7 @@ class TrainConfig:
     max_draws: int = 0                    # cap on groups drawn per step (replacement of zero-variance ones); 0 = 4 x B
     max_reruns: int = 3                   # system-error re-runs per episode before its group is dropped
     # where tokens come from: the run's vLLM server (endpoint.json) or the policy in this process
-    generator: str = "server"             # server | local
+    generator: str = "server"             # server | local | batched (in process; batched serves episodes_in_flight together)
     episodes_in_flight: int = 32          # concurrent episodes per rank (server mode)
     temperature: float = 1.0
     top_k: int = 20
@@ -82,8 +82,8 @@ class TrainConfig:
                 raise UserError(f"train config: field {name!r} must be >= 1, got {getattr(self, name)!r}")
         if self.group_size < 2:
             raise UserError("train config: field 'group_size' must be >= 2 (a group of one has no baseline)")
-        if self.generator not in ("server", "local"):
-            raise UserError(f"train config: field 'generator' must be server or local, got {self.generator!r}")
+        if self.generator not in ("server", "local", "batched"):
+            raise UserError(f"train config: field 'generator' must be server, local or batched, got {self.generator!r}")
         if self.dtype not in ("auto", "fp32", "bf16"):
             raise UserError(f"train config: field 'dtype' must be auto, fp32 or bf16, got {self.dtype!r}")
         if self.zero_stage not in (0, 1, 2, 3):

@@ -70,7 +70,7 @@ class Trainer:
         self.store = make_store(self.env.rank, self.env.world, self.env.master_addr, self.env.master_port + 1)
         self.ctx = RolloutContext(pool, {t.id: t for t in tasks}, _domain, self._policy(), *_user_judge(cfg),
                                   group_size=cfg.group_size, seed=cfg.seed, max_reruns=cfg.max_reruns,
-                                  episodes_in_flight=cfg.episodes_in_flight if cfg.generator == "server" else 1)
+                                  episodes_in_flight=cfg.episodes_in_flight if cfg.generator != "local" else 1)
         self.tb = _tensorboard(self.run_path) if cfg.tensorboard and self.rank0 else None
 
     # ---- generation side -------------------------------------------------------------------
@@ -92,10 +92,19 @@ class Trainer:
             from transformers import AutoModelForCausalLM
 
             from tbhpc.policy.generation import LocalGenerator
+            # the published copy (not this process's module): exactly the weights a server would load
             path = self.cfg.model if step == 1 else str(published(self.run_path, step - 1).path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-            gen = LocalGenerator.for_tokenizer(model, self.eng.tokenizer)
-            gen.version = want
+            old = self.ctx.policy._engine[1] if self.ctx.policy._engine else None
+            if self.cfg.generator == "batched" and old is not None:
+                old.load_weights(model, want)
+                return time.monotonic() - t0
+            if self.cfg.generator == "batched":
+                from tbhpc.policy.batched import BatchedGenerator
+                gen = BatchedGenerator(model, self.eng.tokenizer.eos_token_id, version=want)
+            else:
+                gen = LocalGenerator.for_tokenizer(model, self.eng.tokenizer)
+                gen.version = want
             self.ctx.policy._engine = (self.eng.tokenizer, gen)
         return time.monotonic() - t0
 
