@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: env env-vllm model-smollm2 test demo bench clean tasks slurm-up slurm-down train warmstart
+.PHONY: env env-vllm model-smollm2 test demo bench clean tasks slurm-up slurm-down train warmstart warmstart-demo
 
 NODES   ?= 3
 WARM    := build/models/tiny-warm
@@ -38,8 +38,19 @@ test: env env-vllm $(WARM)/config.json
 	TBHPC_REQUIRE_VLLM=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python NODES=$(NODES) STATE=$(SLURM_STATE) \
 	  bash slurm/local/with-cluster.sh $(VPY) -m pytest -q
 
-demo: env
-	$(VENV)/bin/tbhpc demo --config jobs/demo.yaml
+# `make demo [MODEL=smollm2]`: warm start (cached in build/models) -> probe -> select -> GRPO -> eval
+# -> Table 1 in runs/demo/report. `tbhpc demo quick=true` is the model-free pipeline check.
+MODEL    ?= tiny
+DEMO_WARM := build/models/demo-warm
+demo: env $(if $(filter tiny,$(MODEL)),$(DEMO_WARM)/config.json)
+	$(VENV)/bin/tbhpc demo --config jobs/demo.yaml model=$(MODEL)
+
+# The demo model: a new ~1M-parameter Qwen3 with the project's tokenizer, fine-tuned on oracle
+# episodes of the train split (seeded: the same command gives the same weights on one machine).
+warmstart-demo: $(DEMO_WARM)/config.json
+$(DEMO_WARM)/config.json: $(STAMP)
+	OMP_NUM_THREADS=2 $(VENV)/bin/tbhpc warmstart --size demo --split train --ask --out $(DEMO_WARM) \
+	  --steps 600 --lr 3e-3 --warmup 30 --batch-tokens 8000 --threads 2
 
 bench: env env-vllm model-smollm2 $(WARM)/config.json
 	$(VPY) bench/episode_overhead.py

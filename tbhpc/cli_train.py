@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from tbhpc.config import load_config
+from tbhpc.errors import UserError
 
 
 def add_parsers(sub) -> None:
@@ -15,7 +16,13 @@ def add_parsers(sub) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     w = sub.add_parser("warmstart", help="build a small model and fine-tune it on oracle episodes (a GRPO start point)")
     w.add_argument("--out", type=Path, required=True, help="where the warm-started HF model goes")
-    w.add_argument("--tasks", type=Path, required=True, help="task ids to learn from (a pool file or id list)")
+    w.add_argument("--tasks", type=Path, help="task ids to learn from (a pool file or id list)")
+    w.add_argument("--split", choices=("train", "eval", "all"), help="learn from a whole split instead (the demo: train)")
+    w.add_argument("--size", default="tiny", help="shape of the new model: tiny (plumbing tests) or demo (the demo model)")
+    w.add_argument("--warmup", type=int, default=0, help="linear warm-up steps, then linear decay (0: constant lr)")
+    w.add_argument("--threads", type=int, default=1)
+    w.add_argument("--augment", type=int, default=0, metavar="N",
+                   help="also learn from N more generator seeds of the bundled templates (never an eval instance)")
     w.add_argument("--base", type=Path, help="start from this HF model (default: a new tiny Qwen3 model)")
     w.add_argument("--pack", default=None)
     w.add_argument("--steps", type=int, default=150)
@@ -32,12 +39,22 @@ def run_warmstart(args) -> int:
     from tbhpc.campaign.config import CampaignConfig, select_tasks
     from tbhpc.policy.tiny import build_tiny_model
     from tbhpc.train.sft import sft
-    tasks = select_tasks(CampaignConfig(pack=args.pack, tasks=str(args.tasks), split="all"))
+    if bool(args.tasks) == bool(args.split):
+        raise UserError("warmstart: give exactly one of --tasks FILE and --split NAME")
+    tasks = select_tasks(CampaignConfig(pack=args.pack, tasks=str(args.tasks) if args.tasks else None,
+                                        split=args.split or "all"))
+    if args.augment:
+        if args.pack:
+            raise UserError("warmstart: --augment generates instances of the bundled templates; it cannot extend --pack")
+        from tbhpc.domains.pack import extra_instances
+        from tbhpc.tasks.loader import load_pack
+        tasks = tasks + extra_instances(args.augment, [t for t in load_pack() if t.split == "eval"])
     with tempfile.TemporaryDirectory() as tmp:
-        base = str(args.base) if args.base else str(build_tiny_model(Path(tmp) / "base", seed=args.seed))
+        base = str(args.base) if args.base else str(build_tiny_model(Path(tmp) / "base", seed=args.seed, size=args.size))
         out = sft(base, str(args.out), tasks, steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens, seed=args.seed,
-                  log=lambda m: print(m, flush=True), ask=args.ask)
-    print(f"warmstart: {out} (fine-tuned on oracle episodes of {len(tasks)} tasks, {args.steps} steps)")
+                  threads=args.threads, log=lambda m: print(m, flush=True), ask=args.ask, warmup=args.warmup,
+                  progress=sys.stderr.isatty(), packed=args.size == "tiny")
+    print(f"warmstart: {out} (fine-tuned on oracle episodes of {len(tasks)} tasks, {args.steps} steps)", flush=True)
     return 0
 
 

@@ -41,8 +41,15 @@ def load_config(cls: type[T], path: Path | str | None = None, overrides: list[st
         if "=" not in item:
             raise UserError(f"override {item!r}: expected key=value")
         key, raw = item.split("=", 1)
-        values[key.strip()] = yaml.safe_load(raw)
-        origin[key.strip()] = f"override {item!r}"
+        key, value = key.strip(), yaml.safe_load(raw)
+        if "." in key:       # section.field=value: one field of a nested section (train.lr=1e-4)
+            section, sub = key.split(".", 1)
+            nested = values.get(section)
+            values[section] = {**(nested if isinstance(nested, dict) else {}), sub: value}
+            key = section
+        else:
+            values[key] = value
+        origin[key] = f"override {item!r}"
     return from_dict(cls, values, origin)
 
 

@@ -40,8 +40,8 @@ def test_unknown_policy_is_a_one_line_error():
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unknown policy" in proc.stderr
 
 
-def test_demo_runs_the_pipeline_and_resumes(tmp_path):
-    args = ("demo", "--config", "jobs/demo.yaml", f"out={tmp_path / 'demo'}", "probe_repeats=3", "eval_repeats=2", "workers=1", "limit=60")
+def test_quick_demo_runs_the_pipeline_and_resumes(tmp_path):
+    args = ("demo", "--config", "jobs/demo.yaml", "quick=true", f"out={tmp_path / 'demo'}", "probe_repeats=3", "eval_repeats=2", "workers=1", "limit=60")
     out = tbhpc(*args).stdout
     assert "1. probe" in out and "pool" in out and "MICRO_AVG" in out and "paired bootstrap" in out
     for f in ("pool.yaml", "pool.manifest.json", "report/report.html", "probe-report/bands.png", "eval-oracle/results.duckdb"):
@@ -51,3 +51,5 @@ def test_demo_runs_the_pipeline_and_resumes(tmp_path):
     assert "demo finished" in again and sorted(p.name for p in (tmp_path / "demo").rglob("shards/*.jsonl")) == shards
     bad = tbhpc("demo", "skill=2", check=False)
     assert bad.returncode == 2 and "skill" in bad.stderr
+    bad = tbhpc("demo", "model=gpt5", check=False)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "'model' must be one of tiny, smollm2" in bad.stderr

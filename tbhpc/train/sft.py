@@ -71,9 +71,13 @@ def oracle_examples(tokenizer, tasks: list, seed: int = 0, ask: bool = False) ->
 
 
 def sft(model_dir: str, out_dir: str, tasks: list, steps: int = 200, lr: float = 3e-3, batch_tokens: int = 4096,
-        seed: int = 0, threads: int = 1, log=print, ask: bool = False) -> Path:
+        seed: int = 0, threads: int = 1, log=print, ask: bool = False, warmup: int = 0, progress: bool = False,
+        packed: bool = True) -> Path:
     """Fine-tune `model_dir` on oracle episodes of `tasks` (mean token NLL on generated tokens),
-    save to `out_dir` with its tokenizer; returns the path."""
+    save to `out_dir` with its tokenizer; returns the path. Batches hold about `batch_tokens`
+    tokens, packed into passes of that size; `packed=False`: each pass holds whole episodes up to
+    the batch's longest (on a CPU a packed pass's block mask costs the square of its length). `warmup` > 0: linear warm-up over that many
+    steps, then linear decay to 5% (the schedule the demo's warm start uses)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -85,8 +89,11 @@ def sft(model_dir: str, out_dir: str, tasks: list, steps: int = 200, lr: float =
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     examples = oracle_examples(tok, tasks, seed, ask)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = (lambda s: min(1.0, (s + 1) / warmup) * max(0.05, 1 - s / steps)) if warmup else (lambda s: 1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     rng = random.Random(seed)
     model.train()
+    bar = _progress(steps, f"sft on {len(examples)} oracle episodes") if progress else None
     for step in range(1, steps + 1):
         batch, n = [], 0
         while n < batch_tokens:
@@ -95,7 +102,7 @@ def sft(model_dir: str, out_dir: str, tasks: list, steps: int = 200, lr: float =
             n += len(e.tokens)
         loss_sum, count = 0.0, 0
         opt.zero_grad()
-        packs = pack(batch, [0.0] * len(batch), batch_tokens)
+        packs = pack(batch, [0.0] * len(batch), batch_tokens if packed else max(len(e.tokens) for e in batch))
         total = sum(p.n_loss_tokens for p in packs)
         for p in packs:
             lp = token_logprobs(model, p)
@@ -105,9 +112,20 @@ def sft(model_dir: str, out_dir: str, tasks: list, steps: int = 200, lr: float =
             count += p.n_loss_tokens
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sched.step()
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_sum:.3f}")
         if step % 50 == 0 or step == steps:
             log(f"sft step {step}/{steps}: loss {loss_sum:.4f} over {count} tokens")
+    if bar is not None:
+        bar.close()
     out = Path(out_dir)
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def _progress(total: int, desc: str):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, unit="step", mininterval=2.0)

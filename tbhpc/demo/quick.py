@@ -1,6 +1,5 @@
-"""`make demo`: the recipe end to end on the embedded default (bundled pack, built-in policies,
-local executor). Today: probe -> select -> evaluate -> aggregate -> report; the training step
-joins between select and evaluate when it lands.
+"""`tbhpc demo quick=true`: the pipeline check without a model (probe -> select -> evaluate ->
+aggregate -> report in ~90 s), kept for tests and for checking an installation.
 
 The "base policy" here is a noisy oracle (each golden step kept with probability `skill`), so the
 probe has a real spread of difficulty without a model; the oracle is evaluated as the upper bound.
@@ -9,15 +8,14 @@ Every step resumes: running the demo again reuses finished attempts.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
 from tbhpc.campaign.runner import run_campaign
 from tbhpc.campaign.config import CampaignConfig
-from tbhpc.config import config_hash, load_config
-from tbhpc.errors import UserError
+from tbhpc.config import config_hash
+from tbhpc.demo.config import DemoConfig
 from tbhpc.metrics import render
 from tbhpc.metrics.agg import compare, load_counts, summarise
 from tbhpc.report.build import build_report
@@ -26,27 +24,10 @@ from tbhpc.store.run_dir import RunDir
 from tbhpc.tasks.loader import default_pack_dir
 
 
-@dataclass
-class DemoConfig:
-    out: str = "runs/demo"
-    pack: str | None = None
-    skill: float = 0.7          # the noisy base policy
-    probe_repeats: int = 8
-    eval_repeats: int = 4
-    workers: int = 2
-    limit: int | None = None    # first N tasks of each split (smoke runs)
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.skill <= 1.0:
-            raise UserError(f"demo config: field 'skill' must be within [0, 1], got {self.skill}")
-
-
-def run(args) -> int:
-    console = Console()
-    cfg = load_config(DemoConfig, args.config, args.overrides)
+def run_quick(cfg: DemoConfig, console: Console) -> int:
     out = Path(cfg.out)
     start = time.perf_counter()
-    console.rule(f"tbhpc demo (config {config_hash(cfg)}) -> {out}")
+    console.rule(f"tbhpc demo quick (config {config_hash(cfg)}) -> {out}")
     common = dict(pack=cfg.pack, workers=cfg.workers, chunk_size=32, limit=cfg.limit)
     base = {"skill": cfg.skill}
 

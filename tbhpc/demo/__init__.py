@@ -1,0 +1,18 @@
+"""`tbhpc demo` / `make demo`: the recipe on the embedded default. `pipeline.py` is the real demo
+(a model the project builds learns with GRPO); `quick.py` the model-free pipeline check."""
+from __future__ import annotations
+
+from rich.console import Console
+
+from tbhpc.config import load_config
+from tbhpc.demo.config import DemoConfig
+
+
+def run(args) -> int:
+    cfg = load_config(DemoConfig, args.config, args.overrides)
+    console = Console()
+    if cfg.quick:
+        from tbhpc.demo.quick import run_quick
+        return run_quick(cfg, console)
+    from tbhpc.demo.pipeline import run_demo
+    return run_demo(cfg, console)

@@ -1,0 +1,105 @@
+"""Did the model learn the tasks, or a fixed behaviour? Per task type (template), warm start vs
+trained, and what each attempt *did* to the database.
+
+A small model trained with RL can raise its score by collapsing onto one behaviour that happens
+to pay on some task types (always refuse, always act). Each attempt is classified from its final
+state alone: `kept` (the database is unchanged: refused, answered or transferred nothing) or
+`changed` (it wrote something), and each task type by what its golden calls do. A type is
+flagged when the trained model does one thing on (nearly) all of its attempts while the type's
+tasks need the other, or when the trained model does the same thing on every type.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from tbhpc.env.grade import golden_state, initial_state
+from tbhpc.env.state import state_hash
+
+FIXED = 0.95        # share of a type's attempts doing one thing that counts as "always"
+
+
+@dataclass
+class TypeRow:
+    template: str
+    domain: str
+    tasks: int
+    golden: str                 # kept | changed | mixed: what the type's golden calls do
+    warm: float                 # pass@1 of the warm start
+    trained: float
+    trained_changed: float      # share of the trained model's attempts that changed the database
+    flag: str = ""
+
+
+def task_kinds(tasks) -> dict[str, tuple[str, str, str, str]]:
+    """task id -> (template, domain, initial hash, golden hash), from fresh backends."""
+    from tbhpc.domains import get_domain
+    out = {}
+    for t in tasks:
+        d = get_domain(t.domain)
+        out[t.id] = (t.template or t.id.rsplit("-", 1)[0], t.domain,
+                     state_hash(initial_state(d, t)), golden_state(d, t)[1])
+    return out
+
+
+def type_table(kinds: dict, warm_rows: list[tuple], trained_rows: list[tuple]) -> list[TypeRow]:
+    """Rows are (task_id, passed, final_hash) of clean attempts. Pure: no database access."""
+    acc: dict[str, dict] = defaultdict(lambda: {"tasks": set(), "golden": set(), "w": [0, 0], "t": [0, 0], "ch": 0, "dom": ""})
+    for tid, (template, dom, init, gold) in kinds.items():
+        a = acc[template]
+        a["dom"] = dom
+    for side, rows in (("w", warm_rows), ("t", trained_rows)):
+        for tid, passed, final in rows:
+            template, dom, init, gold = kinds[tid]
+            a = acc[template]
+            a["tasks"].add(tid)
+            a["golden"].add("kept" if gold == init else "changed")
+            a[side][0] += int(bool(passed))
+            a[side][1] += 1
+            if side == "t":
+                a["ch"] += int(final != init)
+    out = []
+    for template, a in sorted(acc.items()):
+        if not a["t"][1] or not a["w"][1]:
+            continue
+        golden = a["golden"].pop() if len(a["golden"]) == 1 else "mixed"
+        changed = a["ch"] / a["t"][1]
+        row = TypeRow(template, a["dom"], len(a["tasks"]), golden, a["w"][0] / a["w"][1], a["t"][0] / a["t"][1], changed)
+        if changed <= 1 - FIXED and golden != "kept":
+            row.flag = "always keeps the state (refuses) where the tasks need a change"
+        elif changed >= FIXED and golden == "kept":
+            row.flag = "always changes the state where the tasks need none"
+        out.append(row)
+    return out
+
+
+def global_collapse(rows: list[TypeRow]) -> str:
+    """'' unless the trained model does one thing on every type (with both kinds present)."""
+    if {r.golden for r in rows} >= {"kept", "changed"}:
+        if all(r.trained_changed <= 1 - FIXED for r in rows):
+            return "the trained model never changes the database on any task type"
+        if all(r.trained_changed >= FIXED for r in rows):
+            return "the trained model changes the database on every task type"
+    return ""
+
+
+def type_markdown(rows: list[TypeRow]) -> str:
+    lines = ["| task type | domain | tasks | golden | warm start | trained | Δ | trained: changed state | flag |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.template} | {r.domain} | {r.tasks} | {r.golden} | {r.warm:.2f} | {r.trained:.2f} | "
+                     f"{r.trained - r.warm:+.2f} | {r.trained_changed:.2f} | {r.flag or '-'} |")
+    return "\n".join(lines)
+
+
+def attempt_outcomes(run: Path) -> list[tuple]:
+    """(task_id, passed, final_hash) of the clean attempts of a campaign run."""
+    from tbhpc.store.merge import connect
+    from tbhpc.store.run_dir import RunDir
+    con = connect(RunDir(run), read_only=True)
+    try:
+        return con.execute("SELECT task_id, passed, final_hash FROM attempts WHERE status = 'ok' ORDER BY task_id, "
+                           "attempt_index").fetchall()
+    finally:
+        con.close()

@@ -1,0 +1,49 @@
+"""What `make demo` runs: one dataclass (jobs/demo.yaml, `key=value` overrides).
+
+The defaults are the published recipe scaled to one 2-core machine: the demo model the project
+builds (`make warmstart-demo`), probe n=8 on the train split, the Jeffreys pool, GRPO with groups
+of 8 (fewer groups per step and a larger learning rate than the 27B recipe: a 1M-parameter model
+on a CPU), and an evaluation of the warm start and the trained checkpoint on the held-out split
+x 20. `quick=true` keeps the old pipeline check: a noisy oracle instead of a model, no training.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tbhpc.errors import UserError
+
+MODELS = ("tiny", "smollm2")
+
+
+@dataclass
+class DemoConfig:
+    out: str = "runs/demo"
+    model: str = "tiny"                 # tiny: the demo model built here | smollm2: SmolLM2-135M-Instruct
+    warm_start: str = ""                # default: build/models/demo-warm (tiny) or build/models/smollm2-warm
+    quick: bool = False                 # pipeline check with a noisy oracle (no model, no training)
+    pack: str | None = None             # null = the bundled pack
+    seed: int = 0
+    limit: int | None = None            # first N tasks of each split (smoke runs)
+    probe_repeats: int = 8
+    eval_repeats: int = 20
+    workers: int = 2                    # campaign worker processes (one torch thread each)
+    concurrency: int = 48               # episodes in flight per worker (one batched generator serves them)
+    max_tokens: int = 160               # per generation
+    response_budget: int = 640          # generated tokens per episode
+    prices: str = "jobs/prices.yaml"    # USD per 1M tokens per role: cost per success / per reliable task
+    train: dict[str, Any] = field(default_factory=dict)   # TrainConfig overrides (steps, groups_per_step, lr, ...)
+    skill: float = 0.7                  # quick mode: the noisy oracle keeps each golden step with this probability
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise UserError(f"demo config: field 'model' must be one of {', '.join(MODELS)}, got {self.model!r}")
+        if not 0.0 <= self.skill <= 1.0:
+            raise UserError(f"demo config: field 'skill' must be within [0, 1], got {self.skill}")
+        for name in ("probe_repeats", "eval_repeats", "workers", "concurrency", "max_tokens", "response_budget"):
+            if getattr(self, name) < 1:
+                raise UserError(f"demo config: field {name!r} must be >= 1")
+
+    @property
+    def warm_path(self) -> str:
+        return self.warm_start or ("build/models/demo-warm" if self.model == "tiny" else "build/models/smollm2-warm")

@@ -1,0 +1,168 @@
+"""`make demo`: the published recipe end to end on one machine, with a model that learns.
+
+warm start (built once, cached) -> probe the train split (n per task) -> Jeffreys pool (eval ids
+excluded) -> GRPO (the trainer of `make train`, DeepSpeed on CPU, one rank) -> evaluate the warm
+start and the trained checkpoint on the held-out split -> Table 1, per-domain and per-task-type
+tables, plots. Every stage runs the same code a cluster runs (campaigns, select, `tbhpc train`),
+on the local executor, and every stage resumes: a second `make demo` reuses what is done.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+
+from tbhpc.campaign.config import CampaignConfig
+from tbhpc.campaign.runner import run_campaign
+from tbhpc.config import config_hash
+from tbhpc.demo.config import DemoConfig
+from tbhpc.errors import UserError
+from tbhpc.selection.pool import SelectConfig, run_select
+from tbhpc.tasks.loader import default_pack_dir
+
+# The demo's GRPO run: the recipe's shape (groups of 8, zero-variance replacement, token mean, no
+# KL) on a budget a 2-core machine finishes in minutes. Any field can be overridden: train.lr=...
+TRAIN_DEFAULTS = dict(steps=16, group_size=8, groups_per_step=4, max_draws=16, lr=2e-4, generator="batched",
+                      episodes_in_flight=32, zero_stage=3, microbatch_tokens=8192, torch_threads=2,
+                      checkpoint_every=1, keep_checkpoints=1, keep_published=1, nodes=1, gpus_per_node=0)
+
+
+def eval_ids_file(pack: str | None) -> list[str]:
+    root = Path(pack) if pack else default_pack_dir()
+    root = root if root.is_dir() else root.parent
+    return [str(root / "eval_ids.txt")] if (root / "eval_ids.txt").exists() else []
+
+
+def policy_opts(cfg: DemoConfig, model_path: str) -> dict:
+    return {"model_path": model_path, "generator": "batched", "max_tokens": cfg.max_tokens,
+            "response_budget": cfg.response_budget, "threads": 1}
+
+
+def campaign(cfg: DemoConfig, name: str, kind: str, split: str, repeats: int, model_path: str) -> CampaignConfig:
+    return CampaignConfig(name=name, kind=kind, split=split, repeats=repeats, pack=cfg.pack, limit=cfg.limit,
+                          seed=cfg.seed, policy="tokens", policy_opts=policy_opts(cfg, model_path),
+                          workers=cfg.workers, concurrency=cfg.concurrency, chunk_size=2 * cfg.concurrency)
+
+
+def train_config(cfg: DemoConfig, out: Path, warm: str) -> dict:
+    doc = {"name": "demo-train", "model": warm, "pool": str(out / "pool.yaml"), "exclude": eval_ids_file(cfg.pack),
+           "pack": cfg.pack, "seed": cfg.seed, "max_tokens": cfg.max_tokens, "response_budget": cfg.response_budget,
+           **TRAIN_DEFAULTS, **cfg.train}
+    doc["export_every"] = doc["steps"]
+    return doc
+
+
+def ensure_warm_start(cfg: DemoConfig, console: Console) -> str:
+    """The cached warm start, built on the train split if missing (`make warmstart-demo`)."""
+    warm = Path(cfg.warm_path)
+    if (warm / "config.json").exists():
+        console.print(f"   warm start: {warm} (cached)")
+        return str(warm)
+    if cfg.model != "tiny":
+        raise UserError(f"demo: no warm start at {warm} (run `make warmstart-demo MODEL={cfg.model}`)")
+    console.print(f"   warm start: building {warm} (SFT on oracle episodes of the train split; cached afterwards)")
+    cmd = [sys.executable, "-m", "tbhpc.cli", "warmstart", "--size", "demo", "--split", "train", "--ask",
+           "--out", str(warm), "--seed", str(cfg.seed)] + (["--pack", cfg.pack] if cfg.pack else [])
+    _stream(cmd, console)
+    return str(warm)
+
+
+def run_demo(cfg: DemoConfig, console: Console) -> int:
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0, times = time.perf_counter(), {}
+    console.rule(f"tbhpc demo (config {config_hash(cfg)}) -> {out}")
+
+    def stage(name: str, since: float) -> None:
+        times[name] = round(time.perf_counter() - since, 1)
+        console.print(f"   [dim]{name}: {times[name]} s[/]")
+
+    s = time.perf_counter()
+    console.print("[bold]1. policy[/]: the demo model, warm-started on the train split")
+    warm = ensure_warm_start(cfg, console)
+    stage("warm start", s)
+
+    s = time.perf_counter()
+    console.print(f"[bold]2. probe[/] the warm start on the train split (n = {cfg.probe_repeats})")
+    run_campaign(campaign(cfg, "probe", "probe", "train", cfg.probe_repeats, warm), out / "probe", console=console)
+    stage("probe", s)
+
+    s = time.perf_counter()
+    console.print("[bold]3. select[/] the policy-relative pool (Jeffreys bands; eval ids excluded)")
+    sel = run_select(out / "probe", out / "pool.yaml", SelectConfig(exclude=eval_ids_file(cfg.pack)))
+    console.print("   bands: " + ", ".join(f"{b} {n}" for b, n in sel.band_counts.items()) + f"; pool {len(sel.pool)} tasks")
+    if not sel.pool:
+        raise UserError(f"demo: the pool is empty (every probed task is too easy or too hard for {warm})")
+    stage("select", s)
+
+    s = time.perf_counter()
+    tcfg = train_config(cfg, out, warm)
+    console.print(f"[bold]4. train[/] GRPO: {tcfg['steps']} steps x {tcfg['groups_per_step']} groups of "
+                  f"{tcfg['group_size']}, lr {tcfg['lr']} (DeepSpeed ZeRO-{tcfg['zero_stage']} on CPU)")
+    trained = run_training(tcfg, out / "train", console)
+    stage("train", s)
+
+    s = time.perf_counter()
+    console.print(f"[bold]5. evaluate[/] warm start and trained checkpoint on the held-out eval split x {cfg.eval_repeats}")
+    for name, path in (("eval-warm", warm), ("eval-trained", trained)):
+        run_campaign(campaign(cfg, name, "eval", "eval", cfg.eval_repeats, path), out / name, console=console)
+    stage("evaluate", s)
+
+    s = time.perf_counter()
+    console.print("[bold]6. report[/]")
+    from tbhpc.demo.results import write_results
+    summary = write_results(out, cfg, console)
+    stage("report", s)
+    summary["stage_seconds"] = times
+    summary["wall_s"] = round(time.perf_counter() - t0, 1)
+    (out / "demo.json").write_text(json.dumps(summary, indent=1, default=str) + "\n", encoding="utf-8")
+    console.print(f"demo finished in {summary['wall_s']} s; report: {out / 'report' / 'README.md'}")
+    return 0
+
+
+def run_training(tcfg: dict, run: Path, console: Console) -> str:
+    """`tbhpc train` in a child process (its own DeepSpeed state); resumes a stopped run."""
+    steps = tcfg["steps"]
+    export = run / "exports" / f"step-{steps:06d}"
+    if (export / "config.json").exists():
+        console.print(f"   trained checkpoint: {export} (done)")
+        return str(export)
+    run.parent.mkdir(parents=True, exist_ok=True)
+    cfg_file = run.parent / "train.yaml"
+    cfg_file.write_text(yaml.safe_dump(tcfg, sort_keys=False), encoding="utf-8")
+    env = {**os.environ, "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": str(tcfg.get("torch_threads", 1)),
+           "DS_ACCELERATOR": "cpu"}
+    _stream([sys.executable, "-m", "tbhpc.cli", "train", str(run), "--config", str(cfg_file)], console, env)
+    if not (export / "config.json").exists():
+        raise UserError(f"demo: training finished without {export}")
+    return str(export)
+
+
+def _stream(cmd: list[str], console: Console, env: dict | None = None) -> None:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    tail: list[str] = []
+    for line in proc.stdout:
+        line = line.rstrip()
+        tail = (tail + [line])[-20:]
+        if _worth_showing(line):
+            console.print(f"   {line}", highlight=False)
+    if proc.wait() != 0:
+        raise UserError(f"demo: `{' '.join(cmd[2:5])} ...` failed (exit {proc.returncode}):\n" + "\n".join(tail))
+
+
+def _worth_showing(line: str) -> bool:
+    noise = ("Loading weights", "Writing model shards", "[WARNING]", "[INFO]", "warnings.warn", "UserWarning")
+    return bool(line.strip()) and not any(n in line for n in noise)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
