@@ -25,6 +25,7 @@ class DemoConfig:
     pack: str | None = None             # null = the bundled pack
     seed: int = 0
     limit: int | None = None            # first N tasks of each split (smoke runs)
+    tasks: str | None = None            # probe only these train-split ids (a pool file or id list); default: the whole split
     probe_repeats: int = 8
     eval_repeats: int = 20
     workers: int = 2                    # campaign worker processes (one torch thread each)

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from tbhpc.campaign.config import CampaignConfig
+from tbhpc.campaign.config import CampaignConfig, select_tasks
 from tbhpc.campaign.runner import run_campaign
 from tbhpc.config import config_hash
 from tbhpc.demo.config import DemoConfig
@@ -47,6 +47,7 @@ def policy_opts(cfg: DemoConfig, model_path: str) -> dict:
 
 def campaign(cfg: DemoConfig, name: str, kind: str, split: str, repeats: int, model_path: str) -> CampaignConfig:
     return CampaignConfig(name=name, kind=kind, split=split, repeats=repeats, pack=cfg.pack, limit=cfg.limit,
+                          tasks=cfg.tasks if split == "train" else None,
                           seed=cfg.seed, policy="tokens", policy_opts=policy_opts(cfg, model_path),
                           workers=cfg.workers, concurrency=cfg.concurrency, chunk_size=2 * cfg.concurrency)
 
@@ -91,7 +92,12 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
 
     s = time.perf_counter()
     console.print(f"[bold]2. probe[/] the warm start on the train split (n = {cfg.probe_repeats})")
-    run_campaign(campaign(cfg, "probe", "probe", "train", cfg.probe_repeats, warm), out / "probe", console=console)
+    probe_cfg = campaign(cfg, "probe", "probe", "train", cfg.probe_repeats, warm)
+    held_out = [t.id for t in select_tasks(probe_cfg) if t.split != "train"]
+    if held_out:
+        raise UserError(f"demo: field 'tasks' ({cfg.tasks}) holds {len(held_out)} task(s) outside the train split, "
+                        f"e.g. {held_out[0]!r}")
+    run_campaign(probe_cfg, out / "probe", console=console)
     stage("probe", s)
 
     s = time.perf_counter()

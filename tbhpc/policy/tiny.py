@@ -66,8 +66,9 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MARKUP = ["<tool_call>", "</tool_call>", "<think>", "</think>", "<tool_response>", "</tool_response>", "<DONE>"]
 
 
-def corpus() -> list[str]:
-    """Text the tokenizer learns from: manuals, instructions, tool schemas, pack files."""
+def corpus(with_calls: bool = False) -> list[str]:
+    """Text the tokenizer learns from: manuals, instructions, tool schemas, pack files (and, for
+    the demo model, one tool call per tool, so call markup is a few tokens)."""
     from tbhpc.domains import all_domains
     from tbhpc.tasks.loader import default_pack_dir
     texts = []
@@ -75,6 +76,8 @@ def corpus() -> list[str]:
         texts.append(d.scenario.instructions)
         texts += [doc.text for doc in d.scenario.manual]
         texts += [json.dumps(t.openai_schema) for t in d.tools.values()]
+        if with_calls:
+            texts += [f'<tool_call>\n{{"name": "{t.name}", "arguments": {{}}}}\n</tool_call>' for t in d.tools.values()]
     texts += [p.read_text(encoding="utf-8") for p in sorted(default_pack_dir().glob("*.yaml"))]
     return texts
 
@@ -105,12 +108,16 @@ def build_tokenizer(vocab_size: int = 4000, split_digits: bool = False, compact:
 
     tok = Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    # split_digits (the demo model): digits are single tokens and a space is a token of its own, so
+    # a value is the same tokens wherever it appears ("hugo" after a space in the user's message
+    # and after a quote in a tool call), and copying it is copying tokens.
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Split(" ", "isolated"),
+                                                  pre_tokenizers.Digits(individual_digits=True), byte_level])
                          if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(corpus(), trainer)
+    tok.train_from_iterator(corpus(with_calls=split_digits), trainer)
     tok.add_tokens(MARKUP)  # markup: single tokens, but not "special" (decode keeps them)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                    bos_token=None, unk_token=None)

@@ -1,0 +1,56 @@
+"""The demo's result renderers and the collapse check, on hand-made inputs (pure functions)."""
+import numpy as np
+import pytest
+
+from tbhpc.demo.behaviour import global_collapse, type_markdown, type_table
+from tbhpc.demo.results import cost_rows, table1_markdown
+from tbhpc.metrics.agg import Counts, compare, summarise
+
+# task id -> (template, domain, initial hash, golden hash): "refund" needs a change, "refused" none
+KINDS = {"r-1": ("refund", "retail", "i1", "g1"), "r-2": ("refund", "retail", "i2", "g2"),
+         "x-1": ("refused", "retail", "i3", "i3"), "x-2": ("refused", "retail", "i4", "i4")}
+
+
+def rows(outcomes):
+    """outcomes: task -> list of (passed, final hash)."""
+    return [(t, p, h) for t, xs in outcomes.items() for p, h in xs]
+
+
+def test_a_model_that_learned_both_kinds_is_not_flagged():
+    warm = rows({"r-1": [(0, "i1"), (1, "g1")], "r-2": [(0, "i2"), (0, "i2")], "x-1": [(1, "i3"), (0, "z")], "x-2": [(1, "i4")] * 2})
+    trained = rows({"r-1": [(1, "g1")] * 2, "r-2": [(1, "g2"), (0, "i2")], "x-1": [(1, "i3")] * 2, "x-2": [(1, "i4")] * 2})
+    table = type_table(KINDS, warm, trained)
+    assert [(r.template, r.golden, r.warm, r.trained) for r in table] == [("refund", "changed", 0.25, 0.75),
+                                                                          ("refused", "kept", 0.75, 1.0)]
+    assert table[0].trained_changed == 0.75 and table[1].trained_changed == 0.0
+    assert not any(r.flag for r in table) and global_collapse(table) == ""
+
+
+def test_always_refusing_is_flagged_on_the_types_that_need_a_change():
+    warm = rows({"r-1": [(1, "g1")] * 2, "r-2": [(1, "g2")] * 2, "x-1": [(0, "z")] * 2, "x-2": [(0, "z")] * 2})
+    refuses = rows({t: [(KINDS[t][2] == KINDS[t][3], KINDS[t][2])] * 2 for t in KINDS})   # never writes anything
+    table = type_table(KINDS, warm, refuses)
+    assert [r.flag != "" for r in table] == [True, False]
+    assert "refuses" in table[0].flag and global_collapse(table) == "the trained model never changes the database on any task type"
+    md = type_markdown(table)
+    assert md.splitlines()[2].startswith("| refund | retail | 2 | changed | 1.00 | 0.00 | -1.00 | 0.00 | always keeps")
+
+
+def _counts(run, c, n=4):
+    ids = np.array([f"t{i}" for i in range(len(c))])
+    return Counts(run, "eval", run, ids, np.array(["retail"] * len(c)), np.full(len(c), n), np.array(c), n * len(c), 0,
+                  {r: {"input": 1_000_000, "cached": 0, "output": 100_000} for r in ("agent", "user", "judge")})
+
+
+def test_table1_pairs_the_two_checkpoints_and_prices_successes():
+    prices = {"agent": {"input": 0.1, "output": 0.4}}
+    warm, trained = _counts("warm", [0, 1, 2, 4, 4]), _counts("trained", [1, 2, 4, 4, 4])
+    ws, ts = summarise(warm, prices, bootstrap=200), summarise(trained, prices, bootstrap=200)
+    md = table1_markdown(ws, ts, compare(warm, trained, bootstrap=200), 4)
+    lines = md.splitlines()
+    assert lines[0].startswith("| metric (5 held-out tasks x 4) | warm start | trained (GRPO) |")
+    assert lines[2].startswith("| pass@1 | 55.0% [") and "| 75.0% [" in lines[2] and "+20.0 pts" in lines[2]
+    assert lines[3].startswith("| observed 4/4 (tasks) | 2/5 = 40.0% [") and "| 3/5 = 60.0% [" in lines[3]
+    per_success, per_reliable = cost_rows(ts)
+    assert ts["cost"]["total"] == pytest.approx(0.14) and per_success.startswith("$0.009333 [$")   # 0.14 / 15 successes
+    assert per_reliable.startswith("$0.04667 [$")                                                   # 0.14 / 3 tasks
