@@ -38,19 +38,23 @@ test: env env-vllm $(WARM)/config.json
 	TBHPC_REQUIRE_VLLM=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python NODES=$(NODES) STATE=$(SLURM_STATE) \
 	  bash slurm/local/with-cluster.sh $(VPY) -m pytest -q
 
-# `make demo [MODEL=smollm2]`: warm start (cached in build/models) -> probe -> select -> GRPO -> eval
-# -> Table 1 in runs/demo/report. `tbhpc demo quick=true` is the model-free pipeline check.
+# `make demo`: the pipeline check (noisy oracle: probe -> select -> eval -> report, ~1 min).
+# `make demo QUICK=0 [MODEL=tiny]`: the model pipeline: warm start (cached in build/models) -> probe
+# -> select -> GRPO -> eval -> Table 1 in runs/demo/report (its warm start does not learn yet: README).
 MODEL    ?= tiny
+QUICK    ?= 1
 DEMO_WARM := build/models/demo-warm
-demo: env $(if $(filter tiny,$(MODEL)),$(DEMO_WARM)/config.json)
-	$(VENV)/bin/tbhpc demo --config jobs/demo.yaml model=$(MODEL)
+demo: env $(if $(filter 0,$(QUICK)),$(if $(filter tiny,$(MODEL)),$(DEMO_WARM)/config.json))
+	$(VENV)/bin/tbhpc demo --config jobs/demo.yaml model=$(MODEL) quick=$(if $(filter 0,$(QUICK)),false,true)
 
 # The demo model: a new ~1M-parameter Qwen3 with the project's tokenizer, fine-tuned on oracle
-# episodes of the train split (seeded: the same command gives the same weights on one machine).
+# episodes of the train split and of 8 more generator seeds of its templates (never an eval
+# instance), first on 320-token windows after the system turn (copying), then on whole episodes.
+# Seeded: the same command gives the same weights on one machine (~35 min on 2 cores).
 warmstart-demo: $(DEMO_WARM)/config.json
 $(DEMO_WARM)/config.json: $(STAMP)
-	OMP_NUM_THREADS=2 $(VENV)/bin/tbhpc warmstart --size demo --split train --ask --out $(DEMO_WARM) \
-	  --steps 600 --lr 3e-3 --warmup 30 --batch-tokens 8000 --threads 2
+	OMP_NUM_THREADS=2 $(VENV)/bin/tbhpc warmstart --size demo --split train --ask --augment 8 --out $(DEMO_WARM) \
+	  --window 320 --window-steps 600 --steps 1600 --lr 2e-3 --warmup 30 --batch-tokens 8000 --threads 2
 
 bench: env env-vllm model-smollm2 $(WARM)/config.json
 	$(VPY) bench/episode_overhead.py

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     from tbhpc import cli_train
     cli_train.add_parsers(sub)
 
-    demo = sub.add_parser("demo", help="evaluate the bundled pack with the built-in policies")
+    demo = sub.add_parser("demo", help="the recipe on the bundled pack: the model pipeline, or quick=true for the noisy-oracle check")
     demo.add_argument("--config", type=Path, default=None, help="YAML config (see jobs/demo.yaml)")
     demo.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     return ap

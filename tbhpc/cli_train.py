@@ -21,6 +21,8 @@ def add_parsers(sub) -> None:
     w.add_argument("--size", default="tiny", help="shape of the new model: tiny (plumbing tests) or demo (the demo model)")
     w.add_argument("--warmup", type=int, default=0, help="linear warm-up steps, then linear decay (0: constant lr)")
     w.add_argument("--threads", type=int, default=1)
+    w.add_argument("--window", type=int, default=0, help="curriculum: tokens per window after the system turn")
+    w.add_argument("--window-steps", type=int, default=0, help="curriculum: the first steps train on such windows")
     w.add_argument("--augment", type=int, default=0, metavar="N",
                    help="also learn from N more generator seeds of the bundled templates (never an eval instance)")
     w.add_argument("--base", type=Path, help="start from this HF model (default: a new tiny Qwen3 model)")
@@ -48,13 +50,17 @@ def run_warmstart(args) -> int:
             raise UserError("warmstart: --augment generates instances of the bundled templates; it cannot extend --pack")
         from tbhpc.domains.pack import extra_instances
         from tbhpc.tasks.loader import load_pack
-        tasks = tasks + extra_instances(args.augment, [t for t in load_pack() if t.split == "eval"])
+        extra = extra_instances(args.augment, [t for t in load_pack() if t.split == "eval"])
+    else:
+        extra = []
     with tempfile.TemporaryDirectory() as tmp:
         base = str(args.base) if args.base else str(build_tiny_model(Path(tmp) / "base", seed=args.seed, size=args.size))
         out = sft(base, str(args.out), tasks, steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens, seed=args.seed,
                   threads=args.threads, log=lambda m: print(m, flush=True), ask=args.ask, warmup=args.warmup,
-                  progress=sys.stderr.isatty(), packed=args.size == "tiny")
-    print(f"warmstart: {out} (fine-tuned on oracle episodes of {len(tasks)} tasks, {args.steps} steps)", flush=True)
+                  progress=sys.stderr.isatty(), packed=args.size == "tiny", window=args.window,
+                  window_steps=args.window_steps, extra_tasks=extra)
+    print(f"warmstart: {out} (fine-tuned on oracle episodes of {len(tasks)} tasks + {len(extra)} generated "
+          f"instances, {args.steps} steps)", flush=True)
     return 0
 
 

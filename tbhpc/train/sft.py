@@ -72,12 +72,18 @@ def oracle_examples(tokenizer, tasks: list, seed: int = 0, ask: bool = False) ->
 
 def sft(model_dir: str, out_dir: str, tasks: list, steps: int = 200, lr: float = 3e-3, batch_tokens: int = 4096,
         seed: int = 0, threads: int = 1, log=print, ask: bool = False, warmup: int = 0, progress: bool = False,
-        packed: bool = True) -> Path:
+        packed: bool = True, window: int = 0, window_steps: int = 0, extra_tasks: list | None = None) -> Path:
     """Fine-tune `model_dir` on oracle episodes of `tasks` (mean token NLL on generated tokens),
     save to `out_dir` with its tokenizer; returns the path. Batches hold about `batch_tokens`
     tokens, packed into passes of that size; `packed=False`: each pass holds whole episodes up to
     the batch's longest (on a CPU a packed pass's block mask costs the square of its length). `warmup` > 0: linear warm-up over that many
-    steps, then linear decay to 5% (the schedule the demo's warm start uses)."""
+    steps, then linear decay to 5% (the schedule the demo's warm start uses).
+
+    Curriculum (`window_steps` > 0): the first steps train on windows of `window` tokens that start
+    after the system turn. A model trained from scratch has to learn to copy values (emails, ids)
+    from the conversation; over 1,600-token episodes, 40% of them a constant system prompt, its
+    attention is too diffuse to find them, and short windows make copying learnable first.
+    `extra_tasks`: more tasks to learn from (e.g. other generator seeds of the same templates)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -87,7 +93,8 @@ def sft(model_dir: str, out_dir: str, tasks: list, steps: int = 200, lr: float =
     torch.set_num_threads(threads)
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    examples = oracle_examples(tok, tasks, seed, ask)
+    examples = oracle_examples(tok, list(tasks) + list(extra_tasks or []), seed, ask)
+    windows = [after_system(e, tok, window) for e in examples] if window_steps else []
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = (lambda s: min(1.0, (s + 1) / warmup) * max(0.05, 1 - s / steps)) if warmup else (lambda s: 1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
@@ -96,8 +103,9 @@ def sft(model_dir: str, out_dir: str, tasks: list, steps: int = 200, lr: float =
     bar = _progress(steps, f"sft on {len(examples)} oracle episodes") if progress else None
     for step in range(1, steps + 1):
         batch, n = [], 0
+        source = windows if step <= window_steps else examples
         while n < batch_tokens:
-            e = examples[rng.randrange(len(examples))]
+            e = source[rng.randrange(len(source))]
             batch.append(e)
             n += len(e.tokens)
         loss_sum, count = 0.0, 0
@@ -124,6 +132,15 @@ def sft(model_dir: str, out_dir: str, tasks: list, steps: int = 200, lr: float =
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def after_system(e: Episode, tok, window: int) -> Episode:
+    """The first `window` tokens after the system turn of an example (its masks and logprobs)."""
+    import numpy as np
+    start_ids = np.nonzero(np.asarray(e.tokens) == tok.convert_tokens_to_ids("<|im_start|>"))[0]
+    s = int(start_ids[1]) if len(start_ids) > 1 else 0
+    end = s + window if window else None
+    return Episode(e.tokens[s:end], e.loss_mask[s:end], e.logprobs[s:end], group=e.group, reward=e.reward, task_id=e.task_id)
 
 
 def _progress(total: int, desc: str):
