@@ -85,6 +85,7 @@ def run(args) -> int:
     if trainer.rank0:
         print(f"train: {args.run}: {last} steps done; weights in {args.run}/exports/step-{last:06d}", flush=True)
         _stop_serving_job(args.run)
+    trainer.eng.close()
     sys.stdout.flush()
     return 0
 

@@ -114,9 +114,14 @@ def test_a_continued_conversation_reuses_its_cache(model):
 
 def test_errors_reach_the_caller_and_the_generator_keeps_serving(model):
     gen = BatchedGenerator(model, eos_token_id=-1)
+    good = []
     try:
+        other = threading.Thread(target=lambda: good.append(gen.generate(_prompts(1)[0], Sampling(max_tokens=40), 0)))
+        other.start()                                                 # in flight while the bad request fails
         with pytest.raises(IndexError):
             gen.generate([10, 10 ** 7], GREEDY, 0)                   # token id outside the vocabulary
+        other.join()
+        assert len(good[0].token_ids) == 40 and all(not s.busy for s in gen.slots)
         assert len(gen.generate(_prompts(1)[0], GREEDY, 0).token_ids) == 12
     finally:
         gen.close()

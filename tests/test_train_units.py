@@ -115,7 +115,7 @@ def test_packed_logprobs_equal_one_episode_at_a_time(tiny_dir):
 def test_config_errors_name_the_field(tmp_path):
     with pytest.raises(UserError, match="'group_size' must be >= 2"):
         TrainConfig(group_size=1)
-    with pytest.raises(UserError, match="'generator' must be server or local"):
+    with pytest.raises(UserError, match="'generator' must be server, local or batched"):
         TrainConfig(generator="ray")
     bad = tmp_path / "t.yaml"
     bad.write_text("lr: fast\n")

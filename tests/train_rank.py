@@ -34,6 +34,7 @@ def main(model: str, world: int, rank: int, port: int, out: str, stage: int) -> 
     if rank == 0:
         torch.save(sd, out + ".pt")
         json.dump({"loss": loss, "grad_norm": stats.grad_norm, "micro": stats.micro_batches}, open(out + ".json", "w"))
+    eng.close()
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ class _Request:
     t0: float = 0.0
 
 
-@dataclass
+@dataclass(eq=False)          # slots are compared by identity (their fields hold tensors)
 class _Slot:
     """One conversation's cache: keys/values of `tokens[:length]` per layer."""
     keys: list                      # per layer [kv_heads, capacity, head_dim]
@@ -57,7 +57,7 @@ class _Slot:
 class BatchedGenerator:
     """`Generator` for a transformers Qwen3/Llama model; thread-safe, one scheduler thread."""
 
-    def __init__(self, model: Any, eos_token_id: int, version: str = "base", max_slots: int = 256,
+    def __init__(self, model: Any, eos_token_id: int, version: str = "base", max_slots: int = 128,
                  max_batch: int = 128, min_shared_prefix: int = 16):
         import torch
         self.torch = torch
@@ -120,18 +120,26 @@ class BatchedGenerator:
         while not self._stop:
             new = self._take(block=not active)
             with self.lock, self.torch.inference_mode():
-                try:
-                    for r in new:
+                for r in new:                   # a bad prompt fails its own request only
+                    try:
                         self._start(r, active)
-                    if active:
+                    except BaseException as exc:
+                        self._fail([r], exc)
+                if active:
+                    try:
                         self._decode(active)
-                except BaseException as exc:    # never leave a caller waiting
-                    for r in active + new:
-                        if not r.done.is_set():
-                            r.error = exc
-                            r.done.set()
-                    active.clear()
+                    except BaseException as exc:    # never leave a caller waiting
+                        self._fail(active, exc)
             active[:] = [r for r in active if not r.done.is_set()]
+
+    def _fail(self, reqs: list[_Request], exc: BaseException) -> None:
+        """Deliver `exc` to the callers; their caches may be half written, so they are dropped."""
+        for r in reqs:
+            if r.slot is not None and r.slot in self.slots:
+                self.slots.remove(r.slot)
+            if not r.done.is_set():
+                r.error = exc
+                r.done.set()
 
     def _take(self, block: bool) -> list[_Request]:
         out = []
@@ -167,6 +175,8 @@ class BatchedGenerator:
             r.slot.tokens.append(r.out[-1])
             r.slot.length += 1
         self._emit(batch, logits)
+        if len(active) > len(batch):            # more sequences than one forward takes: take turns
+            active[:] = active[len(batch):] + batch
 
     def _emit(self, reqs: list[_Request], logits) -> None:
         """Sample each request's next token from its row of raw logits; finish those that end."""

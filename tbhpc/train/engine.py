@@ -143,6 +143,15 @@ class Engine:
         if self.env.world > 1:
             dist.barrier()
 
+    def close(self) -> None:
+        """All ranks agree they are done, then the process group is torn down in order (left to
+        interpreter exit, gloo's threads can abort a finished rank: 'terminate called without an
+        active exception')."""
+        import torch.distributed as dist
+        if dist.is_initialized():
+            self.barrier()
+            dist.destroy_process_group()
+
     def update(self, packs: list[Packed]) -> UpdateStats:
         """One optimiser step on this rank's packed micro-batches (collective: every rank calls it)."""
         import torch
