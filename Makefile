@@ -49,12 +49,11 @@ demo: env $(if $(filter 0,$(QUICK)),$(if $(filter tiny,$(MODEL)),$(DEMO_WARM)/co
 
 # The demo model: a new ~1M-parameter Qwen3 with the project's tokenizer, fine-tuned on oracle
 # episodes of the train split and of 8 more generator seeds of its templates (never an eval
-# instance), first on 320-token windows after the system turn (copying), then on whole episodes.
-# Seeded: the same command gives the same weights on one machine (~35 min on 2 cores).
+# instance), first on 320-token windows after the system turn (copying), then on whole episodes
+# (flags: RECIPES in tbhpc/train/sft.py). Seeded: same command, same weights on one machine.
 warmstart-demo: $(DEMO_WARM)/config.json
 $(DEMO_WARM)/config.json: $(STAMP)
-	OMP_NUM_THREADS=2 $(VENV)/bin/tbhpc warmstart --size demo --split train --ask --augment 8 --out $(DEMO_WARM) \
-	  --window 320 --window-steps 600 --steps 1600 --lr 2e-3 --warmup 30 --batch-tokens 8000 --threads 2
+	OMP_NUM_THREADS=2 $(VENV)/bin/tbhpc warmstart --recipe demo --out $(DEMO_WARM)
 
 bench: env env-vllm model-smollm2 $(WARM)/config.json
 	$(VPY) bench/episode_overhead.py

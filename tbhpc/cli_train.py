@@ -21,6 +21,8 @@ def add_parsers(sub) -> None:
     w.add_argument("--size", default="tiny", help="shape of the new model: tiny (plumbing tests) or demo (the demo model)")
     w.add_argument("--warmup", type=int, default=0, help="linear warm-up steps, then linear decay (0: constant lr)")
     w.add_argument("--threads", type=int, default=1)
+    w.add_argument("--recipe", choices=("demo",), help="a named set of the options below (the demo model's: "
+                   "tbhpc/train/sft.py RECIPES); it replaces them")
     w.add_argument("--window", type=int, default=0, help="curriculum: tokens per window after the system turn")
     w.add_argument("--window-steps", type=int, default=0, help="curriculum: the first steps train on such windows")
     w.add_argument("--augment", type=int, default=0, metavar="N",
@@ -40,7 +42,10 @@ def run_warmstart(args) -> int:
 
     from tbhpc.campaign.config import CampaignConfig, select_tasks
     from tbhpc.policy.tiny import build_tiny_model
-    from tbhpc.train.sft import sft
+    from tbhpc.train.sft import RECIPES, sft
+    if args.recipe:
+        for key, value in RECIPES[args.recipe].items():
+            setattr(args, key, value)
     if bool(args.tasks) == bool(args.split):
         raise UserError("warmstart: give exactly one of --tasks FILE and --split NAME")
     tasks = select_tasks(CampaignConfig(pack=args.pack, tasks=str(args.tasks) if args.tasks else None,

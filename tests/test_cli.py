@@ -53,3 +53,12 @@ def test_quick_demo_runs_the_pipeline_and_resumes(tmp_path):
     assert bad.returncode == 2 and "skill" in bad.stderr
     bad = tbhpc("demo", "model=gpt5", check=False)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "'model' must be one of tiny, smollm2" in bad.stderr
+
+
+def test_warmstart_recipes_name_only_real_options():
+    from tbhpc.cli import build_parser
+    from tbhpc.train.sft import RECIPES
+    args = vars(build_parser().parse_args(["warmstart", "--recipe", "demo", "--out", "x"]))
+    for name, recipe in RECIPES.items():
+        assert set(recipe) <= set(args), name
+    assert RECIPES["demo"]["split"] == "train" and RECIPES["demo"]["size"] == "demo"

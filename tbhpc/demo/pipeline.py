@@ -67,10 +67,12 @@ def ensure_warm_start(cfg: DemoConfig, console: Console) -> str:
         console.print(f"   warm start: {warm} (cached)")
         return str(warm)
     if cfg.model != "tiny":
-        raise UserError(f"demo: no warm start at {warm} (run `make warmstart-demo MODEL={cfg.model}`)")
+        raise UserError(f"demo: no warm start at {warm} for model={cfg.model} (give warm_start=DIR)")
+    if cfg.pack:
+        raise UserError(f"demo: no warm start at {warm}; the demo recipe learns the bundled pack "
+                        f"(for {cfg.pack}: tbhpc warmstart --size demo --pack {cfg.pack} --split train --ask ..., then warm_start=DIR)")
     console.print(f"   warm start: building {warm} (SFT on oracle episodes of the train split; cached afterwards)")
-    cmd = [sys.executable, "-m", "tbhpc.cli", "warmstart", "--size", "demo", "--split", "train", "--ask",
-           "--out", str(warm), "--seed", str(cfg.seed)] + (["--pack", cfg.pack] if cfg.pack else [])
+    cmd = [sys.executable, "-m", "tbhpc.cli", "warmstart", "--recipe", "demo", "--out", str(warm), "--seed", str(cfg.seed)]
     _stream(cmd, console)
     return str(warm)
 

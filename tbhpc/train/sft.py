@@ -20,6 +20,14 @@ from tbhpc.rollout.buffer import Episode
 from tbhpc.rollout.tokens import TokenTrace
 
 
+# Named warm-start recipes (`tbhpc warmstart --recipe NAME`): one place for the flags that
+# `make warmstart-demo` and the demo pipeline use.
+RECIPES = {
+    "demo": dict(size="demo", split="train", ask=True, augment=8, window=320, window_steps=600, steps=1600, lr=2e-3,
+                 warmup=30, batch_tokens=8000, threads=2),
+}
+
+
 @dataclass
 class _Recorder:
     """An oracle session whose every completion is also appended to a token trace."""
