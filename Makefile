@@ -40,7 +40,7 @@ test: env env-vllm $(WARM)/config.json
 
 # `make demo`: the pipeline check (noisy oracle: probe -> select -> eval -> report, ~1 min).
 # `make demo QUICK=0 [MODEL=tiny]`: the model pipeline: warm start (cached in build/models) -> probe
-# -> select -> GRPO -> eval -> Table 1 in runs/demo/report (its warm start does not learn yet: README).
+# -> select -> GRPO -> eval -> Table 1 in runs/demo/report (its warm start is not good enough yet: README).
 MODEL    ?= tiny
 QUICK    ?= 1
 DEMO_WARM := build/models/demo-warm
