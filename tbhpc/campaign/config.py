@@ -43,7 +43,8 @@ class CampaignConfig:
     judge_model: str = "default"
     seed: int = 0
     workers: int = 1                   # execution only
-    concurrency: int = 1               # episodes in flight per worker (threads; a batched generator serves them together)
+    concurrency: int = 1               # episodes in flight per worker (threads; a batched generator serves them together;
+                                       # the `hf` policy seeds torch's global RNG per call and is not meant for > 1)
     chunk_size: int = 8                # attempts per shard (execution only)
     slurm: dict[str, Any] = field(default_factory=dict)  # SlurmOptions fields (execution only)
 
