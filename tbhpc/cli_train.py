@@ -19,12 +19,12 @@ def add_parsers(sub) -> None:
     w.add_argument("--tasks", type=Path, help="task ids to learn from (a pool file or id list)")
     w.add_argument("--split", choices=("train", "eval", "all"), help="learn from a whole split instead (the demo: train)")
     w.add_argument("--size", default="tiny", help="shape of the new model: tiny (plumbing tests) or demo (the demo model)")
-    w.add_argument("--warmup", type=int, default=0, help="linear warm-up steps, then linear decay (0: constant lr)")
+    w.add_argument("--warmup", type=int, default=0, help="linear warm-up steps, then linear decay to 5%% (0: constant lr)")
     w.add_argument("--threads", type=int, default=1)
     w.add_argument("--recipe", choices=("demo",), help="a named set of the options below (the demo model's: "
                    "tbhpc/train/sft.py RECIPES); it replaces them")
-    w.add_argument("--window", type=int, default=0, help="curriculum: tokens per window after the system turn")
-    w.add_argument("--window-steps", type=int, default=0, help="curriculum: the first steps train on such windows")
+    w.add_argument("--window", type=int, default=0, help="train on windows of this many tokens after the system turn "
+                                                         "(the copying curriculum; a recipe chains such phases)")
     w.add_argument("--augment", type=int, default=0, metavar="N",
                    help="also learn from N more generator seeds of the bundled templates (never an eval instance)")
     w.add_argument("--base", type=Path, help="start from this HF model (default: a new tiny Qwen3 model)")
@@ -42,7 +42,8 @@ def run_warmstart(args) -> int:
 
     from tbhpc.campaign.config import CampaignConfig, select_tasks
     from tbhpc.policy.tiny import build_tiny_model
-    from tbhpc.train.sft import RECIPES, sft
+    from tbhpc.train.sft import RECIPES, Phase, sft
+    args.phases = None
     if args.recipe:
         for key, value in RECIPES[args.recipe].items():
             setattr(args, key, value)
@@ -60,12 +61,13 @@ def run_warmstart(args) -> int:
         extra = []
     with tempfile.TemporaryDirectory() as tmp:
         base = str(args.base) if args.base else str(build_tiny_model(Path(tmp) / "base", seed=args.seed, size=args.size))
-        out = sft(base, str(args.out), tasks, steps=args.steps, lr=args.lr, batch_tokens=args.batch_tokens, seed=args.seed,
-                  threads=args.threads, log=lambda m: print(m, flush=True), ask=args.ask, warmup=args.warmup,
-                  progress=sys.stderr.isatty(), packed=args.size == "tiny", window=args.window,
-                  window_steps=args.window_steps, extra_tasks=extra)
+        phases = args.phases or [Phase(args.steps, args.lr, window=args.window, warmup=args.warmup,
+                                       decay=args.steps if args.warmup else 0)]
+        out = sft(base, str(args.out), tasks, phases, batch_tokens=args.batch_tokens, seed=args.seed,
+                  threads=args.threads, log=lambda m: print(m, flush=True), ask=args.ask,
+                  progress=sys.stderr.isatty(), packed=args.size == "tiny", extra_tasks=extra)
     print(f"warmstart: {out} (fine-tuned on oracle episodes of {len(tasks)} tasks + {len(extra)} generated "
-          f"instances, {args.steps} steps)", flush=True)
+          f"instances, {sum(p.steps for p in phases)} steps)", flush=True)
     return 0
 
 

@@ -33,7 +33,17 @@ def test_always_refusing_is_flagged_on_the_types_that_need_a_change():
     assert [r.flag != "" for r in table] == [True, False]
     assert "refuses" in table[0].flag and global_collapse(table) == "the trained model never changes the database on any task type"
     md = type_markdown(table)
-    assert md.splitlines()[2].startswith("| refund | retail | 2 | changed | 1.00 | 0.00 | -1.00 | 0.00 | always keeps")
+    assert md.splitlines()[2].startswith("| refund | retail | 2 | changed | 1.00 | 0.00 | -1.00 | 1.00 / 0.00 | **always keeps")
+
+
+def test_a_type_the_warm_start_never_acted_on_is_noted_not_flagged():
+    """Both checkpoints keep the state on a type that needs a change: the warm start's gap, not
+    something training did; the same behaviour appearing only after training is flagged."""
+    never = rows({"r-1": [(0, "i1")] * 2, "r-2": [(0, "i2")] * 2, "x-1": [(1, "i3")] * 2, "x-2": [(1, "i4")] * 2})
+    table = type_table(KINDS, never, never)
+    assert [r.flag for r in table] == ["", ""] and table[0].note.endswith("(so did the warm start)")
+    assert "| 0.00 / 0.00 | always keeps the state (refuses) where the tasks need a change (so did the warm start) |" \
+        in type_markdown(table)
 
 
 def _counts(run, c, n=4):
@@ -54,3 +64,14 @@ def test_table1_pairs_the_two_checkpoints_and_prices_successes():
     per_success, per_reliable = cost_rows(ts)
     assert ts["cost"]["total"] == pytest.approx(0.14) and per_success.startswith("$0.009333 [$")   # 0.14 / 15 successes
     assert per_reliable.startswith("$0.04667 [$")                                                   # 0.14 / 3 tasks
+
+
+def test_table1_at_twenty_repeats_shows_pass_at_20_and_the_standard_pass_hat_ks():
+    """k = 20 (the demo's eval): pass@20, pass^5 and pass^20 rows (the standard ks the metrics compute)."""
+    warm, trained = _counts("warm", [0, 3, 10, 20, 20], n=20), _counts("trained", [1, 8, 15, 20, 20], n=20)
+    md = table1_markdown(summarise(warm, bootstrap=100), summarise(trained, bootstrap=100),
+                         compare(warm, trained, bootstrap=100), 20)
+    names = [ln.split(" | ")[0].lstrip("| ") for ln in md.splitlines()[2:]]
+    assert names == ["pass@1", "observed 20/20 (tasks)", "pass@20", "pass^5", "pass^20", "cost per success",
+                     "cost per reliable (20/20) task"]
+    assert "| pass@20 | 80.0% [" in md            # the warm start: 4 of 5 tasks pass at least once

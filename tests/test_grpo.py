@@ -80,3 +80,23 @@ def test_same_gradient_whatever_the_rank_split(ranks):
     np.testing.assert_allclose(averaged, reference, rtol=1e-12, atol=1e-15)
     with pytest.raises(ValueError, match="global_loss_tokens must be positive"):
         policy_loss(_leaf([0.0]), torch.zeros(1), torch.ones(1), torch.zeros(1), global_loss_tokens=0)
+
+
+def test_seq_mean_weighs_every_episode_alike_and_sums_to_zero_on_policy():
+    """seq-mean-token-mean: each episode's tokens weigh 1 / its loss tokens and the normaliser is the
+    episode count, so the loss is the mean of per-episode token means. On policy with group-centred
+    advantages it is exactly 0 whatever the lengths, while token-mean leans on the long episodes
+    (here the long one failed: the token mean pushes the sampled tokens' logprobs down overall)."""
+    from tbhpc.rollout.buffer import Episode
+    from tbhpc.train.packing import pack
+    long_fail = Episode(np.arange(41), np.r_[np.zeros(1), np.ones(40)], np.zeros(41), group=0, reward=0.0, task_id="t")
+    short_pass = Episode(np.arange(11), np.r_[np.zeros(1), np.ones(10)], np.zeros(11), group=0, reward=1.0, task_id="t")
+    adv = [-0.5, 0.5]
+    p, = pack([long_fail, short_pass], adv, budget=64, seq_weights=True)
+    np.testing.assert_allclose(p.weights.numpy()[:40], 1 / 40) and np.testing.assert_allclose(p.weights.numpy()[-10:], 1 / 10)
+    lp = torch.zeros(p.input_ids.shape[1] - 1, dtype=torch.float64, requires_grad=True)
+    seq, _ = policy_loss(lp, lp.detach(), p.advantages.double(), p.loss_mask, 2, token_weights=p.weights)
+    tok, _ = policy_loss(lp, lp.detach(), p.advantages.double(), p.loss_mask, p.n_loss_tokens)
+    assert seq.item() == pytest.approx(0.0, abs=1e-12)
+    assert tok.item() == pytest.approx((0.5 * 40 - 0.5 * 10) / 50)      # > 0: minimising it lowers the sampled logprobs
+    assert pack([long_fail, short_pass], adv, budget=64)[0].weights is None

@@ -14,16 +14,19 @@ pytestmark = pytest.mark.slow
 HERE = Path(__file__).parent
 
 
-@pytest.fixture(scope="module")
-def updates(tiny_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("rank-split")
+def _updates(tiny_dir, out, worlds, loss_agg="token-mean"):
     res = {}
-    for world in (1, 2, 3):
-        prefix = str(out / f"w{world}")
+    for world in worlds:
+        prefix = str(out / f"w{world}-{loss_agg}")
         run_ranks(lambda r: [sys.executable, str(HERE / "train_rank.py"), str(tiny_dir), str(world), str(r),
-                             "0", prefix, "3"], world)
+                             "0", prefix, "3", loss_agg], world)
         res[world] = (json.loads(Path(prefix + ".json").read_text()), torch.load(prefix + ".pt"))
     return res
+
+
+@pytest.fixture(scope="module")
+def updates(tiny_dir, tmp_path_factory):
+    return _updates(tiny_dir, tmp_path_factory.mktemp("rank-split"), (1, 2, 3))
 
 
 @pytest.mark.parametrize("world", [2, 3])
@@ -39,3 +42,13 @@ def test_the_update_is_the_same_on_1_2_and_3_ranks(updates, tiny_dir, world):
     MACHINE_NOTES.append(f"rank split: 1 vs {world} gloo ranks: loss {one['loss']:.6g} vs {many['loss']:.6g}, "
                          f"max |dw| {diff:.1e} (update {moved:.1e})")
     assert moved > 1e-4 and diff < moved * 1e-2, (moved, diff)   # measured: moved 1e-3, diff <= 1.1e-6
+
+
+def test_seq_mean_aggregation_is_the_same_on_1_and_3_ranks_and_differs_from_token_mean(updates, tiny_dir, tmp_path):
+    """seq-mean-token-mean divides by the step's *global* episode count: 3 ranks holding different
+    episodes give the single rank's loss and weights; and it is another loss than token-mean."""
+    seq = _updates(tiny_dir, tmp_path, (1, 3), "seq-mean-token-mean")
+    (one, w1), (three, w3) = seq[1], seq[3]
+    assert three["loss"] == pytest.approx(one["loss"], rel=1e-5)
+    assert max((w1[k] - w3[k]).abs().max().item() for k in w1) < 1e-5
+    assert abs(one["loss"] - updates[1][0]["loss"]) > 1e-3

@@ -117,6 +117,8 @@ def test_config_errors_name_the_field(tmp_path):
         TrainConfig(group_size=1)
     with pytest.raises(UserError, match="'generator' must be server, local or batched"):
         TrainConfig(generator="ray")
+    with pytest.raises(UserError, match="'loss_agg' must be one of token-mean, seq-mean-token-mean"):
+        TrainConfig(loss_agg="sum")
     bad = tmp_path / "t.yaml"
     bad.write_text("lr: fast\n")
     with pytest.raises(UserError, match=r"t.yaml: field 'lr': expected float"):
@@ -183,3 +185,16 @@ def test_warmstart_examples_are_the_token_traces_of_passed_oracle_episodes(tiny_
     assert said.startswith("To help you, could you tell me your email?<|im_end|><tool_call>")
     assert said.count("<|im_end|>") == tok.decode([t for t, m in zip(plain.tokens, plain.loss_mask) if m]).count("<|im_end|>") + 1
     assert plain.reward == asking.reward == 1.0 and asking.loss_mask[0] == 0
+
+
+def test_warmstart_phase_schedules():
+    """A phase warms up linearly, then decays linearly to 5% over `decay` steps (a phase cut short
+    stops part-way down); without decay the rate stays at its peak. The demo recipe's phases are
+    the ones that made models/demo-warm: windows first, then whole episodes."""
+    from tbhpc.train.sft import RECIPES, Phase
+    cut = Phase(750, 1e-3, warmup=30, decay=1000)
+    assert cut.factor(0) == 1 / 30 and abs(cut.factor(29) - 0.971) < 1e-12     # decay runs from step 0
+    assert abs(cut.factor(500) - 0.5) < 1e-12 and abs(cut.factor(749) - 0.251) < 1e-12
+    assert Phase(100, 1e-3, decay=100).factor(99) == 0.05 and Phase(10, 1e-3).factor(9) == 1.0
+    phases = RECIPES["demo"]["phases"]
+    assert phases[0].window > 0 and all(p.window == 0 for p in phases[1:])

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 
 
-def main(model: str, world: int, rank: int, port: int, out: str, stage: int) -> None:
+def main(model: str, world: int, rank: int, port: int, out: str, stage: int, loss_agg: str = "token-mean") -> None:
     """`port` 0: MASTER_PORT from the environment (tests/helpers.run_ranks)."""
     import torch
 
@@ -16,7 +16,8 @@ def main(model: str, world: int, rank: int, port: int, out: str, stage: int) -> 
     from tbhpc.train.engine import DistEnv, Engine
     from tbhpc.train.packing import pack
 
-    cfg = TrainConfig(model=model, pool="-", lr=1e-3, zero_stage=stage, microbatch_tokens=96, dual_clip=3.0)
+    cfg = TrainConfig(model=model, pool="-", lr=1e-3, zero_stage=stage, microbatch_tokens=96, dual_clip=3.0,
+                      loss_agg=loss_agg)
     import os
     eng = Engine(cfg, DistEnv(rank, world, 0, "127.0.0.1", port or int(os.environ["MASTER_PORT"])))
     rng = np.random.default_rng(0)
@@ -28,7 +29,8 @@ def main(model: str, world: int, rank: int, port: int, out: str, stage: int) -> 
         eps.append(Episode(rng.integers(0, vocab, n), mask, np.where(mask, rng.normal(-3, 0.5, n), 0.0), 0, 0.0))
         adv.append(float(rng.normal()))
     mine = list(range(rank, len(eps), world))
-    stats = eng.update(pack([eps[i] for i in mine], [adv[i] for i in mine], cfg.microbatch_tokens))
+    stats = eng.update(pack([eps[i] for i in mine], [adv[i] for i in mine], cfg.microbatch_tokens,
+                            seq_weights=loss_agg == "seq-mean-token-mean"))
     loss = eng.all_reduce([stats.loss])[0]
     sd = eng.consolidated_state_dict()
     if rank == 0:
@@ -38,4 +40,4 @@ def main(model: str, world: int, rank: int, port: int, out: str, stage: int) -> 
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], int(sys.argv[6]), *sys.argv[7:])

@@ -6,7 +6,9 @@ to pay on some task types (always refuse, always act). Each attempt is classifie
 state alone: `kept` (the database is unchanged: refused, answered or transferred nothing) or
 `changed` (it wrote something), and each task type by what its golden calls do. A type is
 flagged when the trained model does one thing on (nearly) all of its attempts while the type's
-tasks need the other, or when the trained model does the same thing on every type.
+tasks need the other and the warm start did not already (a type the model never learned to act on
+is a gap of the warm start, shown but not flagged), or when the trained model does the same thing
+on every type.
 """
 from __future__ import annotations
 
@@ -29,7 +31,9 @@ class TypeRow:
     warm: float                 # pass@1 of the warm start
     trained: float
     trained_changed: float      # share of the trained model's attempts that changed the database
-    flag: str = ""
+    warm_changed: float = 0.0
+    flag: str = ""              # a fixed behaviour that training brought in
+    note: str = ""              # the same fixed behaviour, already the warm start's
 
 
 def task_kinds(tasks) -> dict[str, tuple[str, str, str, str]]:
@@ -45,7 +49,8 @@ def task_kinds(tasks) -> dict[str, tuple[str, str, str, str]]:
 
 def type_table(kinds: dict, warm_rows: list[tuple], trained_rows: list[tuple]) -> list[TypeRow]:
     """Rows are (task_id, passed, final_hash) of clean attempts. Pure: no database access."""
-    acc: dict[str, dict] = defaultdict(lambda: {"tasks": set(), "golden": set(), "w": [0, 0], "t": [0, 0], "ch": 0, "dom": ""})
+    acc: dict[str, dict] = defaultdict(lambda: {"tasks": set(), "golden": set(), "w": [0, 0], "t": [0, 0], "ch": 0, "wch": 0,
+                                                "dom": ""})
     for tid, (template, dom, init, gold) in kinds.items():
         a = acc[template]
         a["dom"] = dom
@@ -57,19 +62,25 @@ def type_table(kinds: dict, warm_rows: list[tuple], trained_rows: list[tuple]) -
             a["golden"].add("kept" if gold == init else "changed")
             a[side][0] += int(bool(passed))
             a[side][1] += 1
-            if side == "t":
-                a["ch"] += int(final != init)
+            a["ch" if side == "t" else "wch"] += int(final != init)
     out = []
     for template, a in sorted(acc.items()):
         if not a["t"][1] or not a["w"][1]:
             continue
         golden = a["golden"].pop() if len(a["golden"]) == 1 else "mixed"
-        changed = a["ch"] / a["t"][1]
-        row = TypeRow(template, a["dom"], len(a["tasks"]), golden, a["w"][0] / a["w"][1], a["t"][0] / a["t"][1], changed)
+        changed, warm_changed = a["ch"] / a["t"][1], a["wch"] / a["w"][1]
+        row = TypeRow(template, a["dom"], len(a["tasks"]), golden, a["w"][0] / a["w"][1], a["t"][0] / a["t"][1], changed,
+                      warm_changed)
         if changed <= 1 - FIXED and golden != "kept":
-            row.flag = "always keeps the state (refuses) where the tasks need a change"
+            what, before = "always keeps the state (refuses) where the tasks need a change", warm_changed <= 1 - FIXED
         elif changed >= FIXED and golden == "kept":
-            row.flag = "always changes the state where the tasks need none"
+            what, before = "always changes the state where the tasks need none", warm_changed >= FIXED
+        else:
+            what, before = "", False
+        if before:
+            row.note = what + " (so did the warm start)"
+        else:
+            row.flag = what
         out.append(row)
     return out
 
@@ -85,11 +96,12 @@ def global_collapse(rows: list[TypeRow]) -> str:
 
 
 def type_markdown(rows: list[TypeRow]) -> str:
-    lines = ["| task type | domain | tasks | golden | warm start | trained | Δ | trained: changed state | flag |",
+    lines = ["| task type | domain | tasks | golden | warm start | trained | Δ | changed state: warm / trained | flag |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        flag = f"**{r.flag}**" if r.flag else (r.note or "-")
         lines.append(f"| {r.template} | {r.domain} | {r.tasks} | {r.golden} | {r.warm:.2f} | {r.trained:.2f} | "
-                     f"{r.trained - r.warm:+.2f} | {r.trained_changed:.2f} | {r.flag or '-'} |")
+                     f"{r.trained - r.warm:+.2f} | {r.warm_changed:.2f} / {r.trained_changed:.2f} | {flag} |")
     return "\n".join(lines)
 
 

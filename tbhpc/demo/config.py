@@ -20,7 +20,7 @@ MODELS = ("tiny", "smollm2")
 class DemoConfig:
     out: str = "runs/demo"
     model: str = "tiny"                 # tiny: the demo model built here | smollm2: SmolLM2-135M-Instruct
-    warm_start: str = ""                # default: build/models/demo-warm (tiny) or build/models/smollm2-warm
+    warm_start: str = ""                # default: models/demo-warm (tiny, committed) or build/models/smollm2-warm
     quick: bool = False                 # pipeline check with a noisy oracle (no model, no training)
     pack: str | None = None             # null = the bundled pack
     seed: int = 0
@@ -32,6 +32,7 @@ class DemoConfig:
     concurrency: int = 48               # episodes in flight per worker (one batched generator serves them)
     max_tokens: int = 160               # per generation
     response_budget: int = 640          # generated tokens per episode
+    temperature: float = 1.0            # sampling temperature of probe, training rollouts and eval alike
     prices: str = "jobs/prices.yaml"    # USD per 1M tokens per role: cost per success / per reliable task
     train: dict[str, Any] = field(default_factory=dict)   # TrainConfig overrides (steps, groups_per_step, lr, ...)
     skill: float = 0.7                  # quick mode: the noisy oracle keeps each golden step with this probability
@@ -44,7 +45,9 @@ class DemoConfig:
         for name in ("probe_repeats", "eval_repeats", "workers", "concurrency", "max_tokens", "response_budget"):
             if getattr(self, name) < 1:
                 raise UserError(f"demo config: field {name!r} must be >= 1")
+        if not 0.0 < self.temperature <= 2.0:
+            raise UserError(f"demo config: field 'temperature' must be within (0, 2], got {self.temperature}")
 
     @property
     def warm_path(self) -> str:
-        return self.warm_start or ("build/models/demo-warm" if self.model == "tiny" else "build/models/smollm2-warm")
+        return self.warm_start or ("models/demo-warm" if self.model == "tiny" else "build/models/smollm2-warm")

@@ -29,7 +29,7 @@ from tbhpc.tasks.loader import default_pack_dir
 
 # The demo's GRPO run: the recipe's shape (groups of 8, zero-variance replacement, token mean, no
 # KL) on a budget a 2-core machine finishes in minutes. Any field can be overridden: train.lr=...
-TRAIN_DEFAULTS = dict(steps=16, group_size=8, groups_per_step=4, max_draws=16, lr=2e-4, generator="batched",
+TRAIN_DEFAULTS = dict(steps=24, group_size=8, groups_per_step=4, max_draws=16, lr=2e-4, generator="batched",
                       episodes_in_flight=32, zero_stage=3, microbatch_tokens=8192, torch_threads=2,
                       checkpoint_every=1, keep_checkpoints=1, keep_published=1, nodes=1, gpus_per_node=0)
 
@@ -42,7 +42,7 @@ def eval_ids_file(pack: str | None) -> list[str]:
 
 def policy_opts(cfg: DemoConfig, model_path: str) -> dict:
     return {"model_path": model_path, "generator": "batched", "max_tokens": cfg.max_tokens,
-            "response_budget": cfg.response_budget, "threads": 1}
+            "response_budget": cfg.response_budget, "temperature": cfg.temperature, "threads": 1}
 
 
 def campaign(cfg: DemoConfig, name: str, kind: str, split: str, repeats: int, model_path: str) -> CampaignConfig:
@@ -55,7 +55,7 @@ def campaign(cfg: DemoConfig, name: str, kind: str, split: str, repeats: int, mo
 def train_config(cfg: DemoConfig, out: Path, warm: str) -> dict:
     doc = {"name": "demo-train", "model": warm, "pool": str(out / "pool.yaml"), "exclude": eval_ids_file(cfg.pack),
            "pack": cfg.pack, "seed": cfg.seed, "max_tokens": cfg.max_tokens, "response_budget": cfg.response_budget,
-           **TRAIN_DEFAULTS, **cfg.train}
+           "temperature": cfg.temperature, **TRAIN_DEFAULTS, **cfg.train}
     doc["export_every"] = doc["steps"]
     return doc
 

@@ -75,7 +75,7 @@ def write_pack(out: Path, seed: int = DEFAULT_SEED, domains: tuple[str, ...] = D
 
 def extra_instances(seeds: int, held_out: list[Task], domains: tuple[str, ...] = DOMAIN_NAMES) -> list[Task]:
     """More instances of the bundled templates for supervised warm starts: the generator run with
-    `seeds` other seeds (DEFAULT_SEED + 1000 + i). All are training material (split `train`, ids
+    `seeds` other seeds (1000 + i; the generator's own default is DEFAULT_SEED). All are training material (split `train`, ids
     prefixed `aug<i>-`); an instance whose user facts equal a held-out task's is dropped, so no
     evaluation conversation is ever learned verbatim."""
     import dataclasses
@@ -83,7 +83,7 @@ def extra_instances(seeds: int, held_out: list[Task], domains: tuple[str, ...] =
     out = []
     for i in range(1, seeds + 1):
         for name in domains:
-            for t in domain_tasks(name, DEFAULT_SEED + 1000 + i):
+            for t in domain_tasks(name, 1000 + i):
                 if t.user_context not in seen:
                     out.append(dataclasses.replace(t, id=f"aug{i}-{t.id}", split="train", instance=f"aug{i}/{t.instance}"))
     return out

@@ -273,13 +273,15 @@ class BatchedGenerator:
                 s.keys[li][:, st:st + n] = k[o:o + n].transpose(0, 1)
                 s.values[li][:, st:st + n] = v[o:o + n].transpose(0, 1)
                 kk, vv = s.keys[li][:, :st + n], s.values[li][:, :st + n]
-                qq = q[o:o + n].transpose(0, 1).unsqueeze(0)                 # [1, h, n, hd]
-                mask = None
-                if n > 1:
+                if n == 1:      # decode: the query heads of one kv head become its query rows, no mask
+                    a = F.scaled_dot_product_attention(q[o].view(1, kvh, h // kvh, hd), kk.unsqueeze(0), vv.unsqueeze(0))
+                    outs.append(a.reshape(1, h * hd))
+                else:
+                    qq = q[o:o + n].transpose(0, 1).unsqueeze(0)                 # [1, h, n, hd]
                     mask = torch.arange(st + n)[None, :] <= (st + torch.arange(n))[:, None]
-                a = F.scaled_dot_product_attention(qq, kk.unsqueeze(0), vv.unsqueeze(0), attn_mask=mask,
-                                                   enable_gqa=h != kvh)
-                outs.append(a[0].transpose(0, 1).reshape(n, h * hd))
+                    a = F.scaled_dot_product_attention(qq, kk.unsqueeze(0), vv.unsqueeze(0), attn_mask=mask,
+                                                       enable_gqa=h != kvh)
+                    outs.append(a[0].transpose(0, 1).reshape(n, h * hd))
                 o += n
             x = x + att.o_proj(torch.cat(outs) if len(outs) > 1 else outs[0])
             x = x + layer.mlp(layer.post_attention_layernorm(x))
@@ -318,9 +320,10 @@ def sample_batch(logits, sampling: Sampling, uniforms: list[float]) -> tuple[lis
     if sampling.temperature <= 0:
         toks = torch.argmax(logits, -1)
     else:
-        scores, order = torch.sort(logits / sampling.temperature, dim=-1, descending=True)
-        if sampling.top_k and 0 < sampling.top_k < scores.shape[-1]:
-            scores[:, sampling.top_k:] = float("-inf")
+        if sampling.top_k and 0 < sampling.top_k < logits.shape[-1]:     # the k best, in descending order
+            scores, order = torch.topk(logits / sampling.temperature, sampling.top_k, dim=-1)
+        else:
+            scores, order = torch.sort(logits / sampling.temperature, dim=-1, descending=True)
         probs = torch.softmax(scores, -1)
         cum = probs.cumsum(-1)
         if 0 < sampling.top_p < 1.0:       # keep the smallest prefix whose mass reaches top_p

@@ -14,6 +14,13 @@ from typing import Any
 from tbhpc.errors import UserError
 from tbhpc.launch.options import SlurmOptions
 
+# How the step's token losses are averaged (grpo.policy_loss). token-mean: the recipe's, over all
+# loss tokens of the step. seq-mean-token-mean: the mean over episodes of each episode's token mean.
+# Why the second exists: under token-mean a group whose failures are longer than its successes
+# pushes the total logprob of what was sampled down (sum of advantage x tokens < 0), so the policy
+# gets noisier step by step; measured on the demo model (README, "The demo").
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean")
+
 
 @dataclass
 class TrainConfig:
@@ -46,6 +53,7 @@ class TrainConfig:
     judge_model: str = "default"
     # the loss
     normalize_std: bool = False
+    loss_agg: str = "token-mean"          # token-mean (the recipe) | seq-mean-token-mean (every episode weighs the same)
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float = 3.0                # cap on the loss of negative-advantage tokens (0: off)
@@ -88,6 +96,8 @@ class TrainConfig:
             raise UserError(f"train config: field 'dtype' must be auto, fp32 or bf16, got {self.dtype!r}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise UserError(f"train config: field 'zero_stage' must be 0-3, got {self.zero_stage!r}")
+        if self.loss_agg not in LOSS_AGGS:
+            raise UserError(f"train config: field 'loss_agg' must be one of {', '.join(LOSS_AGGS)}, got {self.loss_agg!r}")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise UserError("train config: fields 'clip_low' (in [0,1)) and 'clip_high' (>= 0) are out of range")
         if self.dual_clip and self.dual_clip <= 1:

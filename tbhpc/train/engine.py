@@ -4,7 +4,8 @@ Kept thin on purpose (the loss lives in grpo.py, the step in loop.py). What it m
 - every rank runs the same number of forward/backward passes (ZeRO-3 gathers parameters and
   reduce-scatters gradients inside them; a rank that skips one deadlocks the others), so ranks
   agree on the step's micro-batch count and pad theirs with zero-loss passes;
-- the loss of every micro-batch is divided by the *global* loss-token count and multiplied by the
+- the loss of every micro-batch is divided by the *global* loss-token count (episode count under
+  seq-mean-token-mean) and multiplied by the
   world size the reducer averages over (grpo.policy_loss), so 1, 2 or 3 ranks give one update;
 - one optimiser step per training step: DeepSpeed's accumulation boundary is set by hand on the
   last micro-batch (the count varies per step).
@@ -158,8 +159,10 @@ class Engine:
 
         cfg = self.cfg
         local_tokens = sum(p.n_loss_tokens for p in packs)
-        global_tokens, n_micro = self.all_reduce([local_tokens, len(packs)], "sum")[0], \
-            int(self.all_reduce([len(packs)], "max")[0])
+        local_episodes = sum(len(p.episodes) for p in packs)
+        global_tokens, global_episodes = self.all_reduce([local_tokens, local_episodes], "sum")
+        n_micro = int(self.all_reduce([len(packs)], "max")[0])
+        normaliser = global_episodes if cfg.loss_agg == "seq-mean-token-mean" else global_tokens
         st = UpdateStats(loss_tokens=local_tokens, tokens=sum(p.n_tokens for p in packs), micro_batches=len(packs))
         if global_tokens <= 0:
             return st
@@ -171,8 +174,9 @@ class Engine:
                 p = packs[k]
                 lp = token_logprobs(self.engine, _to(p, self.device))
                 loss, s = policy_loss(lp, p.behaviour.to(self.device), p.advantages.to(self.device),
-                                      p.loss_mask.to(self.device), int(global_tokens), cfg.clip_low, cfg.clip_high,
-                                      self.env.world, cfg.dual_clip)
+                                      p.loss_mask.to(self.device), normaliser, cfg.clip_low, cfg.clip_high,
+                                      self.env.world, cfg.dual_clip,
+                                      None if p.weights is None else p.weights.to(self.device))
                 clipped += s.clip_fraction * s.loss_tokens
                 mism += s.mismatch * s.loss_tokens
                 st.ratio_max = max(st.ratio_max, s.ratio_max)
@@ -210,4 +214,4 @@ def _to(p: Packed, device) -> Packed:
     if str(device) == "cpu":
         return p
     return Packed(p.input_ids.to(device), p.position_ids.to(device), p.loss_mask, p.behaviour, p.advantages,
-                  p.episodes, p.n_tokens, p.n_loss_tokens)
+                  p.episodes, p.n_tokens, p.n_loss_tokens, p.weights)

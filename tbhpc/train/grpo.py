@@ -44,11 +44,14 @@ class LossStats:
     ratio_max: float
 
 
-def policy_loss(logprobs, behaviour_logprobs, advantages, loss_mask, global_loss_tokens: int,
-                clip_low: float = 0.2, clip_high: float = 0.2, reducer_world_size: int = 1, dual_clip: float = 0.0):
+def policy_loss(logprobs, behaviour_logprobs, advantages, loss_mask, global_loss_tokens: float,
+                clip_low: float = 0.2, clip_high: float = 0.2, reducer_world_size: int = 1, dual_clip: float = 0.0,
+                token_weights=None):
     """PPO-clip loss of one micro-batch on one rank (torch tensors of one shape, [B, L] or [T]).
 
-    `global_loss_tokens`: loss tokens of the whole step over every rank and micro-batch.
+    `global_loss_tokens`: loss tokens of the whole step over every rank and micro-batch (the
+    normaliser; with `token_weights` = 1 / the episode's loss tokens, pass the step's episode count
+    instead: the loss is then the mean over episodes of each episode's token mean).
     `reducer_world_size`: ranks whose gradients the reducer *averages* (DeepSpeed and DDP do);
     the loss is scaled by it so that the averaged gradient is the global token mean.
     `dual_clip` (> 1, 0 = off): a negative-advantage token's loss is capped at -A x dual_clip, so
@@ -67,7 +70,8 @@ def policy_loss(logprobs, behaviour_logprobs, advantages, loss_mask, global_loss
     per_token = torch.maximum(unclipped, clipped)
     if dual_clip:
         per_token = torch.where(advantages < 0, torch.minimum(per_token, -advantages * dual_clip), per_token)
-    loss = (per_token * mask).sum() * (reducer_world_size / global_loss_tokens)
+    weighted = per_token * mask if token_weights is None else per_token * mask * token_weights.to(per_token.dtype)
+    loss = weighted.sum() * (reducer_world_size / global_loss_tokens)
     with torch.no_grad():
         n = int(mask.sum().item())
         held = ((clipped > unclipped) & (mask > 0)).sum().item()

@@ -147,7 +147,7 @@ class Trainer:
         t0 = time.monotonic()
         budget = effective_budget(cfg.microbatch_tokens, [len(e.tokens) for e in episodes],
                                   getattr(self.eng.module.config, "_attn_implementation", None))
-        stats = self.eng.update(pack(episodes, adv, budget))
+        stats = self.eng.update(pack(episodes, adv, budget, seq_weights=cfg.loss_agg == "seq-mean-token-mean"))
         update_s = time.monotonic() - t0
         t0 = time.monotonic()
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:

@@ -35,6 +35,7 @@ class Packed:
     episodes: list[int]          # indices into the step's episode list
     n_tokens: int
     n_loss_tokens: int
+    weights: object = None       # float [T-1]: 1 / the episode's loss tokens (seq-mean aggregation), else None
 
 
 def bins(lengths: list[int], budget: int) -> list[list[int]]:
@@ -62,8 +63,9 @@ def effective_budget(budget: int, lengths: list[int], attn_implementation: str |
     return max(1, min(budget, max(lengths, default=1)))
 
 
-def pack(episodes: list, advantages: list[float], budget: int) -> list[Packed]:
-    """`episodes`: objects with tokens, loss_mask, logprobs arrays (rollout buffer Episodes)."""
+def pack(episodes: list, advantages: list[float], budget: int, seq_weights: bool = False) -> list[Packed]:
+    """`episodes`: objects with tokens, loss_mask, logprobs arrays (rollout buffer Episodes).
+    `seq_weights`: also carry 1 / (the episode's loss tokens) per token (seq-mean-token-mean)."""
     import torch
 
     lengths = [len(e.tokens) for e in episodes]
@@ -77,9 +79,15 @@ def pack(episodes: list, advantages: list[float], budget: int) -> list[Packed]:
         mask[0] = 0.0   # nothing predicts a row's first token (it is a prompt token anyway)
         starts = np.cumsum([0] + [lengths[i] for i in idx[:-1]])
         mask[starts] = 0.0   # nor any episode's first token from its neighbour's last
+        weights = None
+        if seq_weights:
+            ends = np.cumsum([lengths[i] for i in idx])
+            per_episode = [1.0 / max(float(mask[a:b].sum()), 1.0) for a, b in zip(starts, ends)]
+            weights = torch.from_numpy(np.concatenate([np.full(lengths[i], w, np.float32)
+                                                       for i, w in zip(idx, per_episode)])[1:].copy())
         out.append(Packed(torch.from_numpy(ids)[None], torch.from_numpy(pos)[None], torch.from_numpy(mask[1:].copy()),
                           torch.from_numpy(beh[1:].copy()), torch.from_numpy(adv[1:].copy()), idx, int(len(ids)),
-                          int(mask.sum())))
+                          int(mask.sum()), weights))
     return out
 
 

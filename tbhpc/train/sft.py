@@ -20,11 +20,27 @@ from tbhpc.rollout.buffer import Episode
 from tbhpc.rollout.tokens import TokenTrace
 
 
+@dataclass
+class Phase:
+    """One stretch of fine-tuning with its own AdamW state and learning-rate schedule."""
+    steps: int
+    lr: float
+    window: int = 0      # > 0: train on the first `window` tokens after the system turn (the copying curriculum)
+    warmup: int = 0      # linear warm-up steps
+    decay: int = 0       # > 0: linear decay to 5% over this many steps (more than `steps`: a phase cut short)
+
+    def factor(self, step: int) -> float:
+        up = min(1.0, (step + 1) / self.warmup) if self.warmup else 1.0
+        return up * (max(0.05, 1 - step / self.decay) if self.decay else 1.0)
+
+
 # Named warm-start recipes (`tbhpc warmstart --recipe NAME`): one place for the flags that
-# `make warmstart-demo` and the demo pipeline use.
+# `make warmstart-demo` and the demo pipeline use. "demo" is the chain that made the committed
+# models/demo-warm: windows first (copying), then whole episodes in two stretches.
 RECIPES = {
-    "demo": dict(size="demo", split="train", ask=True, augment=8, window=320, window_steps=600, steps=1600, lr=2e-3,
-                 warmup=30, batch_tokens=8000, threads=2),
+    "demo": dict(size="demo", split="train", ask=True, augment=8, batch_tokens=8000, threads=2,
+                 phases=[Phase(600, 2e-3, window=320, warmup=30), Phase(750, 1e-3, warmup=30, decay=1000),
+                         Phase(1000, 5e-4, warmup=30, decay=1000)]),
 }
 
 
@@ -78,20 +94,18 @@ def oracle_examples(tokenizer, tasks: list, seed: int = 0, ask: bool = False) ->
     return out
 
 
-def sft(model_dir: str, out_dir: str, tasks: list, steps: int = 200, lr: float = 3e-3, batch_tokens: int = 4096,
-        seed: int = 0, threads: int = 1, log=print, ask: bool = False, warmup: int = 0, progress: bool = False,
-        packed: bool = True, window: int = 0, window_steps: int = 0, extra_tasks: list | None = None) -> Path:
+def sft(model_dir: str, out_dir: str, tasks: list, phases: list[Phase], batch_tokens: int = 4096, seed: int = 0,
+        threads: int = 1, log=print, ask: bool = False, progress: bool = False, packed: bool = True,
+        extra_tasks: list | None = None) -> Path:
     """Fine-tune `model_dir` on oracle episodes of `tasks` (mean token NLL on generated tokens),
-    save to `out_dir` with its tokenizer; returns the path. Batches hold about `batch_tokens`
-    tokens, packed into passes of that size; `packed=False`: each pass holds whole episodes up to
-    the batch's longest (on a CPU a packed pass's block mask costs the square of its length). `warmup` > 0: linear warm-up over that many
-    steps, then linear decay to 5% (the schedule the demo's warm start uses).
+    phase after phase, and save to `out_dir` with its tokenizer; returns the path. Batches hold
+    about `batch_tokens` tokens, packed into passes of that size; `packed=False`: each pass holds
+    whole episodes up to the batch's longest (on a CPU a packed pass's block mask costs the square
+    of its length). `extra_tasks`: more tasks to learn from (other generator seeds, say).
 
-    Curriculum (`window_steps` > 0): the first steps train on windows of `window` tokens that start
-    after the system turn. A model trained from scratch has to learn to copy values (emails, ids)
-    from the conversation; over 1,600-token episodes, 40% of them a constant system prompt, its
-    attention is too diffuse to find them, and short windows make copying learnable first.
-    `extra_tasks`: more tasks to learn from (e.g. other generator seeds of the same templates)."""
+    Curriculum (a phase with `window`): a model trained from scratch has to learn to copy values
+    (emails, ids) from the conversation; over 1,600-token episodes, 40% of them a constant system
+    prompt, its attention is too diffuse to find them, and short windows make copying learnable."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -102,38 +116,41 @@ def sft(model_dir: str, out_dir: str, tasks: list, steps: int = 200, lr: float =
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     examples = oracle_examples(tok, list(tasks) + list(extra_tasks or []), seed, ask)
-    windows = [after_system(e, tok, window) for e in examples] if window_steps else []
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    schedule = (lambda s: min(1.0, (s + 1) / warmup) * max(0.05, 1 - s / steps)) if warmup else (lambda s: 1.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule)
     rng = random.Random(seed)
     model.train()
-    bar = _progress(steps, f"sft on {len(examples)} oracle episodes") if progress else None
-    for step in range(1, steps + 1):
-        batch, n = [], 0
-        source = windows if step <= window_steps else examples
-        while n < batch_tokens:
-            e = source[rng.randrange(len(source))]
-            batch.append(e)
-            n += len(e.tokens)
-        loss_sum, count = 0.0, 0
-        opt.zero_grad()
-        packs = pack(batch, [0.0] * len(batch), batch_tokens if packed else max(len(e.tokens) for e in batch))
-        total = sum(p.n_loss_tokens for p in packs)
-        for p in packs:
-            lp = token_logprobs(model, p)
-            loss = -(lp * p.loss_mask).sum() / total
-            loss.backward()
-            loss_sum += float(loss.item())
-            count += p.n_loss_tokens
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_sum:.3f}")
-        if step % 50 == 0 or step == steps:
-            log(f"sft step {step}/{steps}: loss {loss_sum:.4f} over {count} tokens")
+    total_steps = sum(p.steps for p in phases)
+    bar = _progress(total_steps, f"sft on {len(examples)} oracle episodes") if progress else None
+    done = 0
+    for n_phase, phase in enumerate(phases, 1):
+        source = [after_system(e, tok, phase.window) for e in examples] if phase.window else examples
+        opt = torch.optim.AdamW(model.parameters(), lr=phase.lr, weight_decay=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, phase.factor)
+        for step in range(1, phase.steps + 1):
+            batch, n = [], 0
+            while n < batch_tokens:
+                e = source[rng.randrange(len(source))]
+                batch.append(e)
+                n += len(e.tokens)
+            loss_sum, count = 0.0, 0
+            opt.zero_grad()
+            packs = pack(batch, [0.0] * len(batch), batch_tokens if packed else max(len(e.tokens) for e in batch))
+            total = sum(p.n_loss_tokens for p in packs)
+            for p in packs:
+                lp = token_logprobs(model, p)
+                loss = -(lp * p.loss_mask).sum() / total
+                loss.backward()
+                loss_sum += float(loss.item())
+                count += p.n_loss_tokens
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            done += 1
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_sum:.3f}")
+            if step % 50 == 0 or step == phase.steps:
+                log(f"sft phase {n_phase}/{len(phases)} step {step}/{phase.steps} ({done}/{total_steps}): "
+                    f"loss {loss_sum:.4f} over {count} tokens")
     if bar is not None:
         bar.close()
     out = Path(out_dir)
