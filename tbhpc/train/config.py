@@ -15,10 +15,11 @@ from tbhpc.errors import UserError
 from tbhpc.launch.options import SlurmOptions
 
 # How the step's token losses are averaged (grpo.policy_loss). token-mean: the recipe's, over all
-# loss tokens of the step. seq-mean-token-mean: the mean over episodes of each episode's token mean.
-# Why the second exists: under token-mean a group whose failures are longer than its successes
-# pushes the total logprob of what was sampled down (sum of advantage x tokens < 0), so the policy
-# gets noisier step by step; measured on the demo model (README, "The demo").
+# loss tokens of the step. seq-mean-token-mean: the mean over episodes of each episode's token mean
+# (verl's name). Why offer the second: under token-mean a group whose failures are longer than its
+# successes pushes the total logprob of what was sampled down (sum of advantage x tokens < 0: so
+# on 21 of the 24 steps of the demo run); seq-mean removes that push. It did not by itself keep the
+# demo model from degrading at a too-large lr (README, "What GRPO did to the demo model").
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean")
 
 
