@@ -75,9 +75,9 @@ def write_pack(out: Path, seed: int = DEFAULT_SEED, domains: tuple[str, ...] = D
 
 def extra_instances(seeds: int, held_out: list[Task], domains: tuple[str, ...] = DOMAIN_NAMES) -> list[Task]:
     """More instances of the bundled templates for supervised warm starts: the generator run with
-    `seeds` other seeds (1000 + i; the generator's own default is DEFAULT_SEED). All are training material (split `train`, ids
-    prefixed `aug<i>-`); an instance whose user facts equal a held-out task's is dropped, so no
-    evaluation conversation is ever learned verbatim."""
+    `seeds` other seeds (1000 + i; the generator's own default is DEFAULT_SEED). All are training
+    material (split `train`, ids prefixed `aug<i>-`); an instance whose user facts equal a held-out
+    task's is dropped, so no evaluation conversation is ever learned verbatim."""
     import dataclasses
     seen = {t.user_context for t in held_out}
     out = []
