@@ -88,13 +88,13 @@ def run(args) -> int:
     except Preempted as exc:
         if trainer.rank0:
             print(f"train: {exc}", flush=True)
-        return requeue_or_exit(trainer.rank0)
-    if trainer.rank0:
-        print(f"train: {args.run}: {last} steps done; weights in {args.run}/exports/step-{last:06d}", flush=True)
-        _stop_serving_job(args.run)
-    trainer.eng.close()
-    sys.stdout.flush()
-    return 0
+        code = requeue_or_exit(trainer.rank0)
+    else:
+        if trainer.rank0:
+            print(f"train: {args.run}: {last} steps done; weights in {args.run}/exports/step-{last:06d}", flush=True)
+            _stop_serving_job(args.run)
+        code = 0
+    trainer.leave(code)     # ends this process: every rank's work is written by now
 
 
 def _stop_serving_job(run: Path) -> None:

@@ -122,6 +122,12 @@ class Trainer:
             self._step(step)
         return self.cfg.steps
 
+    def leave(self, code: int):
+        """End this rank's process once its work is written (Engine.leave: no interpreter teardown)."""
+        if self.tb is not None:
+            self.tb.close()
+        self.eng.leave(code)
+
     def _step(self, step: int) -> None:
         cfg, t_step = self.cfg, time.monotonic()
         sync_s = self._sampling_weights(step)
