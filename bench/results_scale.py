@@ -50,10 +50,51 @@ def make_campaign(root: Path, tasks: int, repeats: int) -> Path:
     return root
 
 
+# The reference harness on a 1,003,860-line result file (empty transcripts, 408 MB), measured when
+# issue 13 was filed on this kind of machine: `tb agg -f json` 34.0 s, 653 MiB; tbhpc's import
+# then (a Python object per line) 41.3 s, 3.2 GB. Quoted, not re-run: the harness is not installed.
+REFERENCE_TB_AGG = {"seconds": 34.0, "peak_mib": 653}
+OLD_IMPORT = {"seconds": 41.3, "peak_mib": 3277}
+
+
+def make_reference_results(path: Path, lines: int) -> Path:
+    """A `tb infer`-style result file (DecodeResult per line, empty messages) written by DuckDB."""
+    import duckdb
+    con = duckdb.connect()
+    con.execute(f"""COPY (
+        SELECT printf('sandbox_%s_group1.py:test_case_%06d', {DOMAINS!r}[(i // 20) % 5 + 1], i // 20) AS uid,
+               'done' AS finish_reason, (i % 997 = 0) AS is_system_error,
+               {{'result': (hash(i) % 1000) < (hash(i // 20 + 7) % 1000), 'is_system_error': false}} AS test_result,
+               [{{'input_tokens': 1200 + i % 900, 'input_tokens_details': {{'cached_tokens': 400}},
+                  'output_tokens': 250 + i % 300, 'output_tokens_details': {{'reasoning_tokens': 100}}}}] AS usage,
+               {{'scenario': 'sandbox_external_' || {DOMAINS!r}[(i // 20) % 5 + 1]}} AS metadata,
+               []::VARCHAR[] AS messages
+        FROM range({lines}) t(i)) TO '{path}' (FORMAT json)""")
+    con.close()
+    return path
+
+
 def phase(name: str, run: str) -> dict:
     """Runs inside a fresh interpreter; prints {seconds, peak_mib}."""
     start = time.perf_counter()
-    if name == "merge":
+    if name == "import":
+        from tbhpc.store.import_tb import import_files
+        out = Path(run).with_suffix(".run")
+        shutil.rmtree(out, ignore_errors=True)
+        _, rep = import_files([Path(run)], out)
+        extra = {"rows": rep.rows}
+    elif name == "import_floor":     # DuckDB reading the same fields of the file, nothing else
+        import duckdb
+        extra = {"rows": duckdb.sql(f"SELECT count(uid), count(test_result), count(usage) FROM read_json('{run}', "
+                                    "format='newline_delimited', columns={'uid': 'VARCHAR', 'test_result': 'JSON', "
+                                    "'usage': 'JSON'})").fetchone()[0]}
+    elif name == "import_python":    # one Python object per line, no conversion: the old import's floor
+        n = 0
+        with open(run, encoding="utf-8") as fh:
+            for line in fh:
+                n += bool(json.loads(line).get("uid"))
+        extra = {"rows": n}
+    elif name == "merge":
         from tbhpc.store.merge import merge
         from tbhpc.store.run_dir import RunDir
         rep = merge(RunDir(Path(run)))
@@ -90,6 +131,7 @@ def main() -> int:
     ap.add_argument("--phase")
     ap.add_argument("run", nargs="?")
     ap.add_argument("--keep", type=Path)
+    ap.add_argument("--import-lines", type=int, default=1_000_000, help="size of the reference result file (0: skip)")
     args = ap.parse_args()
     if args.phase:
         print(json.dumps(phase(args.phase, args.run)))
@@ -125,10 +167,35 @@ def main() -> int:
         console.print(table)
         console.print("agg = completeness check + per-task counts + every metric with 1,000 bootstrap replicates over tasks;"
                       " 'cold imports' adds loading duckdb/numpy/scipy in a fresh interpreter.")
+        if args.import_lines:
+            import_table(console, root, args.import_lines)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     return 0
+
+
+def import_table(console, root: Path, lines: int) -> None:
+    """`tbhpc import-tb` of a reference result file against DuckDB's floor and the old way."""
+    from rich.table import Table
+    f = make_reference_results(root / "reference.jsonl", lines)
+    size = f.stat().st_size / 2**20
+    imp, floor, py = run_phase("import", f), run_phase("import_floor", f), run_phase("import_python", f)
+    assert imp["rows"] == floor["rows"] == py["rows"] == lines
+    table = Table(title=f"import-tb of {lines:,} result lines ({size:.0f} MiB; each phase in a fresh process)")
+    for col in ("path", "s", "peak MiB", "s / DuckDB floor"):
+        table.add_column(col, justify="right" if col != "path" else "left")
+    rows = [("tbhpc import-tb (streamed through DuckDB)", imp), ("DuckDB read_json of the same fields (floor)", floor),
+            ("json.loads per line, nothing else", py),
+            ("old import-tb, 1,003,860 lines (quoted, issue 13)", OLD_IMPORT),
+            ("reference `tb agg -f json`, same file (quoted, issue 13)", REFERENCE_TB_AGG)]
+    for name, r in rows:
+        table.add_row(name, f"{r['seconds']:.2f}", f"{r['peak_mib']:.0f}", f"{r['seconds'] / floor['seconds']:.1f}x")
+    console.print(table)
+    target = lines >= 1_000_000
+    console.print(f"import target (1M lines: <= 3 s, <= 300 MiB): "
+                  f"{('met' if imp['seconds'] <= 3 and imp['peak_mib'] <= 300 else 'MISSED') if target else 'n/a at this size'}"
+                  f"; vs the reference tb agg: {REFERENCE_TB_AGG['seconds'] / imp['seconds']:.1f}x faster (quoted figure)")
 
 
 if __name__ == "__main__":

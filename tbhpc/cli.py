@@ -105,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "warmstart":
             from tbhpc import cli_train
             return cli_train.run_warmstart(args)
+        if args.cmd == "grad-noise":
+            from tbhpc import cli_train
+            return cli_train.run_grad_noise(args)
         if args.cmd == "demo":
             from tbhpc import demo
             return demo.run(args)

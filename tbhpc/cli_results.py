@@ -101,7 +101,7 @@ def run(args) -> int:
         from tbhpc.store.import_tb import import_files
         run, rep = import_files(args.files, args.out, args.campaign, args.policy_id)
         val = check(run)
-        print(f"{args.out}: imported {rep.rows} attempt rows for {len({r['task_id'] for r in run.plan()})} tasks; "
+        print(f"{args.out}: imported {rep.rows} attempt rows for {len(run.plan())} tasks ({rep.reader} read); "
               f"{len(val.system_errors)} system error(s)")
         return 0
     raise UserError(f"unknown command {args.cmd}")

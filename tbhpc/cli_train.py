@@ -14,6 +14,7 @@ def add_parsers(sub) -> None:
     p.add_argument("run", type=Path, help="run directory (shared by the trainer ranks and the serving job)")
     p.add_argument("--config", type=Path, help="YAML train config (see jobs/train.yaml)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    add_noise_parser(sub)
     w = sub.add_parser("warmstart", help="build a small model and fine-tune it on oracle episodes (a GRPO start point)")
     w.add_argument("--out", type=Path, required=True, help="where the warm-started HF model goes")
     w.add_argument("--tasks", type=Path, help="task ids to learn from (a pool file or id list)")
@@ -33,8 +34,50 @@ def add_parsers(sub) -> None:
     w.add_argument("--lr", type=float, default=3e-3)
     w.add_argument("--batch-tokens", type=int, default=2048)
     w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--max-seconds", type=float, help="stop after this much fine-tuning time (a same-time baseline)")
     w.add_argument("--ask", action="store_true", help="oracle episodes that ask the user for the facts their calls use "
                                                       "(generalises to unseen tasks; the smoke warm start memorises)")
+
+
+def add_noise_parser(sub) -> None:
+    n = sub.add_parser("grad-noise", help="signal vs noise of a run's GRPO steps (per-group gradients from its buffers)")
+    n.add_argument("run", type=Path, help="a training run directory (its buffers/ and config.yaml)")
+    n.add_argument("--steps", default="1-4", help="steps whose groups to measure: 1-4 or 1,3,5 (default 1-4)")
+    n.add_argument("--model", type=Path, help="the weights to measure at (default: the run's initial model)")
+    n.add_argument("--threads", type=int, default=2)
+
+
+def run_grad_noise(args) -> int:
+    import yaml
+
+    from tbhpc.train.gradnoise import group_gradients, informative_groups, noise_of, report
+    cfg_file = args.run / "config.yaml"
+    if not cfg_file.exists():
+        raise UserError(f"grad-noise: {cfg_file} not found (is {args.run} a training run?)")
+    cfg = yaml.safe_load(cfg_file.read_text()) or {}
+    steps = _step_list(args.steps)
+    groups = informative_groups(args.run / "buffers", steps)
+    if len(groups) < 2:
+        raise UserError(f"grad-noise: steps {args.steps} of {args.run} hold {len(groups)} informative group(s); need 2 or more")
+    import torch
+    from transformers import AutoModelForCausalLM
+    torch.set_num_threads(args.threads)
+    model_dir = str(args.model or cfg.get("model", ""))
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    print(f"grad-noise: {len(groups)} informative groups of steps {args.steps}, gradients at {model_dir}", flush=True)
+    noise = noise_of(group_gradients(model, groups))
+    print(report(noise, int(cfg.get("groups_per_step", 18)), f"{args.run} steps {args.steps}"))
+    return 0
+
+
+def _step_list(text: str) -> list[int]:
+    try:
+        if "-" in text:
+            a, b = text.split("-", 1)
+            return list(range(int(a), int(b) + 1))
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"grad-noise: --steps {text!r}: expected 1-4 or 1,3,5") from None
 
 
 def run_warmstart(args) -> int:
@@ -65,9 +108,11 @@ def run_warmstart(args) -> int:
                                        decay=args.steps if args.warmup else 0)]
         out = sft(base, str(args.out), tasks, phases, batch_tokens=args.batch_tokens, seed=args.seed,
                   threads=args.threads, log=lambda m: print(m, flush=True), ask=args.ask,
-                  progress=sys.stderr.isatty(), packed=args.size == "tiny", extra_tasks=extra)
+                  progress=sys.stderr.isatty(), packed=args.size == "tiny", extra_tasks=extra,
+                  max_seconds=args.max_seconds)
     print(f"warmstart: {out} (fine-tuned on oracle episodes of {len(tasks)} tasks + {len(extra)} generated "
-          f"instances, {sum(p.steps for p in phases)} steps)", flush=True)
+          f"instances, {sum(p.steps for p in phases)} steps"
+          f"{f' or {args.max_seconds:.0f} s, whichever came first' if args.max_seconds else ''})", flush=True)
     return 0
 
 

@@ -25,7 +25,7 @@ from helpers import cpu_class
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["tasks=jobs/pools/smoke.yaml", "limit=6", "probe_repeats=4", "eval_repeats=3", "workers=1", "concurrency=16",
-         "max_tokens=64", "response_budget=256",
+         "max_tokens=64", "response_budget=256", "sft_baseline=true",
          "train={steps: 2, groups_per_step: 2, max_draws: 6, torch_threads: 1, episodes_in_flight: 16}"]
 
 
@@ -49,10 +49,11 @@ def _ids(path: Path) -> set[str]:
 
 def test_every_stage_leaves_its_artefacts(demo):
     out, log, _ = demo
-    for stage in ("1. policy", "2. probe", "3. select", "4. train", "5. evaluate", "6. report", "demo finished"):
+    for stage in ("1. policy", "2. probe", "3. select", "4. train", "4b. baseline", "5. evaluate", "6. report", "demo finished"):
         assert stage in log, stage
     for f in ("probe/results.duckdb", "pool.yaml", "train/exports/step-000002/config.json", "train/logs/train_steps.jsonl",
-              "eval-warm/results.duckdb", "eval-trained/results.duckdb", "report/README.md", "report/report.html",
+              "eval-warm/results.duckdb", "eval-trained/results.duckdb", "sft-baseline/config.json",
+              "eval-sft/results.duckdb", "report/README.md", "report/report.html",
               "report/train_curves.png", "report/domains.png", "report/k_curves.png", "demo.json"):
         assert (out / f).exists(), f
     steps = [json.loads(ln) for ln in (out / "train/logs/train_steps.jsonl").read_text().splitlines()]
@@ -76,7 +77,8 @@ def test_the_pool_is_policy_relative_and_held_out_safe(demo, pack_tasks):
 def test_table1_is_computed_from_the_duckdb_results(demo):
     out, _, _ = demo
     summary = json.loads((out / "demo.json").read_text())
-    for name, side in (("eval-warm", "warm"), ("eval-trained", "trained")):
+    summary["table1"]["sft"] = summary["sft_baseline"]["summary"]
+    for name, side in (("eval-warm", "warm"), ("eval-trained", "trained"), ("eval-sft", "sft")):
         con = duckdb.connect(str(out / name / "results.duckdb"), read_only=True)
         n, c = con.execute("SELECT count(*), sum(reward) FROM attempts WHERE status = 'ok'").fetchone()
         per_task = con.execute("SELECT count(*) FILTER (WHERE r = n) FROM (SELECT task_id, sum(reward) r, count(*) n "
@@ -90,6 +92,25 @@ def test_table1_is_computed_from_the_duckdb_results(demo):
                                            - summary["table1"]["warm"]["pass@1"]["value"])
     readme = (out / "report/README.md").read_text()
     assert "| pass@1 |" in readme and "observed 3/3" in readme and "collapse check" in readme
+    assert "continued SFT for GRPO's wall time" in readme and "| continued SFT |" in readme
+    vs = summary["sft_baseline"]["grpo_minus_sft_pass@1"]
+    assert vs["delta"] == pytest.approx(summary["table1"]["trained"]["pass@1"]["value"]
+                                        - summary["table1"]["sft"]["pass@1"]["value"])
+
+
+def test_the_sft_baseline_had_grpos_time_and_moved_the_weights(demo):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tbhpc.demo.baseline import grpo_seconds
+    out, log, warm_dir = demo
+    budget = grpo_seconds(out / "train")
+    assert budget > 0 and f"on the pool's oracle episodes: {budget:.0f} s" in log
+    assert "whichever came first" in log
+    base = AutoModelForCausalLM.from_pretrained(out / "sft-baseline")
+    warm = AutoModelForCausalLM.from_pretrained(warm_dir)
+    with torch.no_grad():
+        assert max(float((a - b).abs().max()) for a, b in zip(base.parameters(), warm.parameters())) > 0
 
 
 def test_the_trained_checkpoint_loads_in_transformers(demo):
@@ -113,6 +134,7 @@ def test_a_second_run_resumes_every_stage(demo):
     shards = sorted(p.name for p in out.rglob("shards/*.jsonl"))
     log = _demo(out, warm)
     assert "trained checkpoint" in log and "(done)" in log and "demo finished" in log
+    assert "continued-SFT baseline" in log
     assert sorted(p.name for p in out.rglob("shards/*.jsonl")) == shards
 
 

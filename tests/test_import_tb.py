@@ -40,7 +40,7 @@ def sample(tmp_path):
 def test_import_maps_fields(sample, tmp_path):
     f1, f2, a, b = sample
     run, rep = import_files([f1, f2], tmp_path / "imported")
-    assert rep.rows == 6 and not rep.quarantined
+    assert rep.rows == 6 and not rep.quarantined and rep.reader == "typed"
     counts = load_counts(run)
     by = dict(zip(counts.task_ids.tolist(), zip(counts.domains.tolist(), counts.n.tolist(), counts.c.tolist())))
     assert by[a] == ("sandbox_external_retail", 3, 2)
@@ -85,3 +85,47 @@ def test_select_works_on_imported_probes(sample, tmp_path):
     import yaml
     pool = yaml.safe_load((tmp_path / "pool.yaml").read_text())
     assert pool["tasks"] == [a]  # 2/3 clean successes -> easy; b is excluded by id
+
+
+def test_fields_map_like_the_reference_reads_them(tmp_path):
+    f = tmp_path / "r.jsonl"
+    rows = [{"uid": "a.py:t1", "test_result": {"result": True, "reward": 0.25}, "usage": {"input_tokens": 7, "output_tokens": 3}},
+            {"uid": "a.py:t1", "test_result": {"result": False, "error": "db differs"}, "usage": None},
+            {"uid": "a.py:t1", "is_system_error": True, "metadata": {"error": "timeout"}},
+            {"uid": "b.py:t2", "test_result": {"is_system_error": True, "result": False}, "finish_reason": "length"}]
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run, rep = import_files([f], tmp_path / "imp")
+    import duckdb
+    con = duckdb.connect(str(run.db), read_only=True)
+    got = con.execute("SELECT task_id, attempt_index, domain, reward, passed, status, error, agent_in, agent_out, "
+                      "finish_reason FROM attempts ORDER BY task_id, attempt_index").fetchall()
+    assert got == [("a.py:t1", 0, "a", 0.25, True, "ok", None, 7, 3, None),
+                   ("a.py:t1", 1, "a", 0.0, False, "ok", "db differs", 0, 0, None),
+                   ("a.py:t1", 2, "a", None, None, "system_error", "timeout", 0, 0, None),
+                   ("b.py:t2", 0, "b", None, None, "system_error", None, 0, 0, "length")]
+    assert rep.rows == 4 and [p["repeats"] for p in run.plan()] == [3, 1]
+    assert rep.reader == "lenient"         # usage as one object: not the reference's list
+
+
+@pytest.mark.parametrize("line, why", [
+    ({"uid": "", "test_result": {"result": True}}, "missing string field 'uid'"),
+    ({"uid": "a.py:t", "test_result": [True]}, "field 'test_result' must be an object"),
+    ({"uid": "a.py:t", "test_result": {"result": True}, "usage": 12}, "field 'usage' must be a list of objects or an object"),
+])
+def test_malformed_fields_are_named_with_their_line(tmp_path, line, why):
+    f = tmp_path / "r.jsonl"
+    f.write_text(json.dumps(decode_result("x.py:t")) + "\n\n" + json.dumps(line) + "\n")
+    with pytest.raises(UserError, match=f"r.jsonl: line 3: {why}"):
+        import_files([f], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_line_400000_stops_the_import_and_leaves_nothing(tmp_path):
+    f = tmp_path / "big.jsonl"
+    good = json.dumps(decode_result("sandbox_retail.py:test_x"))
+    with open(f, "w") as fh:
+        for i in range(1, 400_003):
+            fh.write('{"uid": "half a line\n' if i == 400_000 else good + "\n")
+    with pytest.raises(UserError, match=r"big.jsonl: line 400000: not valid JSON"):
+        import_files([f], tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl"]      # no run, no temp database

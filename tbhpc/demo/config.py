@@ -36,6 +36,7 @@ class DemoConfig:
     temperature: float = 1.0            # sampling temperature of probe, training rollouts and eval alike
     prices: str = "jobs/prices.yaml"    # USD per 1M tokens per role: cost per success / per reliable task
     train: dict[str, Any] = field(default_factory=dict)   # TrainConfig overrides (steps, groups_per_step, lr, ...)
+    sft_baseline: bool = False          # also continue the warm start's SFT for GRPO's wall time, and evaluate it
     skill: float = 0.7                  # quick mode: the noisy oracle keeps each golden step with this probability
 
     def __post_init__(self) -> None:

@@ -2,7 +2,8 @@
 
 warm start (built once, cached) -> probe the train split (n per task) -> Jeffreys pool (eval ids
 excluded) -> GRPO (the trainer of `make train`, DeepSpeed on CPU, one rank) -> evaluate the warm
-start and the trained checkpoint on the held-out split -> Table 1, per-domain and per-task-type
+start and the trained checkpoint on the held-out split (and, with sft_baseline=true, the warm start
+fine-tuned for GRPO's wall time: demo/baseline.py) -> Table 1, per-domain and per-task-type
 tables, plots. Every stage runs the same code a cluster runs (campaigns, select, `tbhpc train`),
 on the local executor, and every stage resumes: a second `make demo` reuses what is done.
 """
@@ -22,6 +23,7 @@ from rich.console import Console
 from tbhpc.campaign.config import CampaignConfig, select_tasks
 from tbhpc.campaign.runner import run_campaign
 from tbhpc.config import config_hash
+from tbhpc.demo.baseline import grpo_seconds, sft_baseline
 from tbhpc.demo.config import DemoConfig
 from tbhpc.errors import UserError
 from tbhpc.selection.pool import SelectConfig, run_select
@@ -120,9 +122,17 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
     trained = run_training(tcfg, out / "train", console)
     stage("train", s)
 
+    policies = [("eval-warm", warm), ("eval-trained", trained)]
+    if cfg.sft_baseline:
+        s = time.perf_counter()
+        console.print("[bold]4b. baseline[/]: continued SFT of the warm start for the same time")
+        policies.append(("eval-sft", sft_baseline(out, warm, out / "pool.yaml", float(tcfg["lr"]),
+                                                  grpo_seconds(out / "train"), cfg.seed, console, _stream)))
+        stage("sft baseline", s)
+
     s = time.perf_counter()
-    console.print(f"[bold]5. evaluate[/] warm start and trained checkpoint on the held-out eval split x {cfg.eval_repeats}")
-    for name, path in (("eval-warm", warm), ("eval-trained", trained)):
+    console.print(f"[bold]5. evaluate[/] {', '.join(n[5:] for n, _ in policies)} on the held-out eval split x {cfg.eval_repeats}")
+    for name, path in policies:
         run_campaign(campaign(cfg, name, "eval", "eval", cfg.eval_repeats, path), out / name, console=console)
     stage("evaluate", s)
 

@@ -43,7 +43,7 @@ def cost_rows(s: dict) -> tuple[str, str]:
     return per_success, per_reliable
 
 
-def table1_markdown(warm: dict, trained: dict, cmp: dict, k: int) -> str:
+def table1_markdown(warm: dict, trained: dict, cmp: dict, k: int, label: str = "trained (GRPO)") -> str:
     """Table 1: warm start vs trained, with intervals and the paired difference."""
     m = cmp["metrics"]
 
@@ -56,7 +56,7 @@ def table1_markdown(warm: dict, trained: dict, cmp: dict, k: int) -> str:
 
     ws, wr = cost_rows(warm)
     ts, tr = cost_rows(trained)
-    lines = [f"| metric ({warm['tasks']} held-out tasks x {k}) | warm start | trained (GRPO) | Δ paired bootstrap 95% |",
+    lines = [f"| metric ({warm['tasks']} held-out tasks x {k}) | warm start | {label} | Δ paired bootstrap 95% |",
              "|---|---|---|---|",
              f"| pass@1 | {render.ci(warm['pass@1'])} | {render.ci(trained['pass@1'])} | {delta('pass@1')} |",
              f"| observed {k}/{k} (tasks) | {kk(warm)} | {kk(trained)} | {delta('k/k')} |"]
@@ -111,10 +111,21 @@ def write_results(out: Path, cfg, console: Console) -> dict:
     verdict = ("the trained checkpoint beats the warm start (pass@1 interval excludes 0)" if d1["lo"] > 0 else
                "no significant pass@1 gain (the paired interval includes 0)" if d1["hi"] >= 0 else
                "the trained checkpoint is WORSE than the warm start")
+    baseline, summary_extra = [], {}
+    if cfg.sft_baseline and (out / "eval-sft" / "results.duckdb").exists():
+        sc = load_counts(RunDir(out / "eval-sft"))
+        ss, scmp = summarise(sc, prices), compare(wc, sc)
+        vs = compare(sc, tc)["metrics"]["pass@1"]
+        baseline = ["## Baseline: continued SFT for GRPO's wall time", "",
+                    f"The warm start fine-tuned further on oracle episodes of the pool's tasks, at GRPO's lr, for "
+                    f"as long as the GRPO run took (`{sc.policy_id}`). GRPO minus this baseline, pass@1: "
+                    f"{100 * vs['delta']:+.1f} pts [{100 * vs['lo']:+.1f}, {100 * vs['hi']:+.1f}].", "",
+                    table1_markdown(ws, ss, scmp, k, label="continued SFT"), ""]
+        summary_extra = {"sft_baseline": {"summary": ss, "compare_warm": scmp, "grpo_minus_sft_pass@1": vs}}
     md = "\n".join([
         "# tbhpc demo: GRPO on the policy-relative pool, evaluated on held-out tasks", "",
         f"Warm start `{wc.policy_id}` vs trained `{tc.policy_id}`; {verdict}.", "",
-        "## Table 1", "", t1, "",
+        "## Table 1", "", t1, "", *baseline,
         "## Per domain", "", domain_markdown(ws, ts), "",
         "## Per task type (collapse check)", "",
         f"Flagged types: {len(flagged)}" + (f"; {collapse}" if collapse else "; no global collapse") + ".", "",
@@ -123,6 +134,9 @@ def write_results(out: Path, cfg, console: Console) -> dict:
     (report / "README.md").write_text(md, encoding="utf-8")
     (report / "report.html").write_text(markdown_to_html(md, "tbhpc demo"), encoding="utf-8")
     console.print(t1)
+    if baseline:
+        console.print(baseline[2])
+        console.print(baseline[4])
     console.print(f"   {verdict}; task types flagged by the collapse check: {len(flagged)}" + (f" ({collapse})" if collapse else ""))
     return {"table1": {"warm": ws, "trained": ts, "compare": cmp}, "types_flagged": [r.template for r in flagged],
-            "collapse": collapse, "verdict": verdict, "pool": str(out / "pool.yaml")}
+            "collapse": collapse, "verdict": verdict, "pool": str(out / "pool.yaml"), **summary_extra}

@@ -109,6 +109,18 @@ def read_episode(path: Path, i: int) -> Episode:
                        g["finish_reason"][i].decode(), int(g["policy_version"][i]))
 
 
+def read_step(path: Path) -> list[Episode]:
+    """Every episode of one step file, in order."""
+    with h5py.File(path, "r") as f:
+        offsets, g = f["offsets"][:], f["episodes"]
+        tokens, mask, lps = f["tokens"][:], f["loss_mask"][:], f["logprobs"][:]
+        cols = {k: g[k][:] for k in ("group", "reward", "advantage", "policy_version", "task_id", "attempt_key", "finish_reason")}
+    return [Episode(tokens[a:b], mask[a:b], lps[a:b], int(cols["group"][i]), float(cols["reward"][i]),
+                    float(cols["advantage"][i]), cols["task_id"][i].decode(), cols["attempt_key"][i].decode(),
+                    cols["finish_reason"][i].decode(), int(cols["policy_version"][i]))
+            for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:]))]
+
+
 def iter_microbatches(path: Path, max_tokens: int, pad_id: int = 0, shuffle_seed: int | None = None) -> Iterator[MicroBatch]:
     """Pack episodes into micro-batches whose padded size B x L stays within `max_tokens`.
     An episode longer than `max_tokens` becomes a batch of its own (never truncated silently)."""

@@ -169,7 +169,12 @@ def _load_metadata(con, run: RunDir) -> None:
     con.execute(f"INSERT INTO tasks SELECT ?, task_id, domain, split, n_golden_calls, tags, template FROM {plan}",
                 [camp["campaign"]])
     con.execute(f"INSERT INTO plan SELECT ?, task_id, ?, repeats FROM {plan}", [camp["campaign"], camp.get("policy_id")])
+    insert_campaign(con, camp)
+    con.execute("COMMIT")
+
+
+def insert_campaign(con, camp: dict) -> None:
+    """The campaign row from campaign.json's fields (written last: it marks a complete load)."""
     con.execute("INSERT INTO campaigns VALUES (?, ?, ?, ?, ?, ?, ?)",
                 [camp["campaign"], camp.get("kind"), camp.get("policy_id"), camp.get("config_hash"),
                  json.dumps(camp.get("config", {})), camp.get("created_at"), camp.get("source", "tbhpc")])
-    con.execute("COMMIT")

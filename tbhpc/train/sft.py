@@ -11,6 +11,7 @@ Plain torch in one process: a warm start of a small model needs no DeepSpeed.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,12 +97,14 @@ def oracle_examples(tokenizer, tasks: list, seed: int = 0, ask: bool = False) ->
 
 def sft(model_dir: str, out_dir: str, tasks: list, phases: list[Phase], batch_tokens: int = 4096, seed: int = 0,
         threads: int = 1, log=print, ask: bool = False, progress: bool = False, packed: bool = True,
-        extra_tasks: list | None = None) -> Path:
+        extra_tasks: list | None = None, max_seconds: float | None = None) -> Path:
     """Fine-tune `model_dir` on oracle episodes of `tasks` (mean token NLL on generated tokens),
     phase after phase, and save to `out_dir` with its tokenizer; returns the path. Batches hold
     about `batch_tokens` tokens, packed into passes of that size; `packed=False`: each pass holds
     whole episodes up to the batch's longest (on a CPU a packed pass's block mask costs the square
     of its length). `extra_tasks`: more tasks to learn from (other generator seeds, say).
+    `max_seconds`: stop (and save) once the optimiser steps have taken this long (a baseline given
+    the same wall time as another method).
 
     Curriculum (a phase with `window`): a model trained from scratch has to learn to copy values
     (emails, ids) from the conversation; over 1,600-token episodes, 40% of them a constant system
@@ -120,12 +123,14 @@ def sft(model_dir: str, out_dir: str, tasks: list, phases: list[Phase], batch_to
     model.train()
     total_steps = sum(p.steps for p in phases)
     bar = _progress(total_steps, f"sft on {len(examples)} oracle episodes") if progress else None
-    done = 0
+    done, t_start = 0, time.perf_counter()
     for n_phase, phase in enumerate(phases, 1):
         source = [after_system(e, tok, phase.window) for e in examples] if phase.window else examples
         opt = torch.optim.AdamW(model.parameters(), lr=phase.lr, weight_decay=0.0)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, phase.factor)
         for step in range(1, phase.steps + 1):
+            if max_seconds is not None and time.perf_counter() - t_start >= max_seconds:
+                break
             batch, n = [], 0
             while n < batch_tokens:
                 e = source[rng.randrange(len(source))]
@@ -151,6 +156,9 @@ def sft(model_dir: str, out_dir: str, tasks: list, phases: list[Phase], batch_to
             if step % 50 == 0 or step == phase.steps:
                 log(f"sft phase {n_phase}/{len(phases)} step {step}/{phase.steps} ({done}/{total_steps}): "
                     f"loss {loss_sum:.4f} over {count} tokens")
+        if max_seconds is not None and time.perf_counter() - t_start >= max_seconds:
+            log(f"sft: time budget {max_seconds:.0f} s reached after {done} of {total_steps} steps")
+            break
     if bar is not None:
         bar.close()
     out = Path(out_dir)
