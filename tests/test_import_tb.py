@@ -129,3 +129,15 @@ def test_a_bad_line_400000_stops_the_import_and_leaves_nothing(tmp_path):
     with pytest.raises(UserError, match=r"big.jsonl: line 400000: not valid JSON"):
         import_files([f], tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl"]      # no run, no temp database
+
+
+@pytest.mark.parametrize("usage, reader", [([{"input_tokens": 3}], "typed"), ({"input_tokens": 3}, "lenient")])
+def test_a_null_result_is_a_system_error_on_either_reader(tmp_path, usage, reader):
+    f = tmp_path / "r.jsonl"
+    f.write_text(json.dumps({"uid": "a.py:t", "test_result": {"result": None}, "usage": usage}) + "\n" +
+                 json.dumps({"uid": "a.py:t", "test_result": {"result": True}, "usage": usage}) + "\n")
+    run, rep = import_files([f], tmp_path / "imp")
+    import duckdb
+    got = duckdb.connect(str(run.db), read_only=True).execute(
+        "SELECT attempt_index, status, passed, agent_in FROM attempts ORDER BY 1").fetchall()
+    assert rep.reader == reader and got == [(0, "system_error", None, 3), (1, "ok", True, 3)]

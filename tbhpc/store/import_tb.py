@@ -2,7 +2,8 @@
 DecodeResult per line) into a tbhpc run directory, so every metric works on them too.
 
 Mapping: uid -> task_id; attempt_index = order of the uid's rows across the files; status =
-system_error when `is_system_error` or `test_result.is_system_error` is true (or no test result);
+system_error when `is_system_error` or `test_result.is_system_error` is true, or there is no
+test result or no (or a null) `test_result.result`;
 passed = `test_result.result`; reward = `test_result.reward`, else 1/0 by passed; usage[] summed
 into agent tokens (input, cached, output, reasoning); domain = `metadata.scenario`, else the file
 part of the uid; error = metadata.error, test_result.error or error.
@@ -13,6 +14,9 @@ import costs about what reading the file costs, in bounded memory (a Python obje
 took 41 s and 3.2 GB for a million lines). The result is written into a database file beside
 the run and moved in only when everything checked out: a bad line stops the import with its
 line number (found by a line-by-line scan, only then) and the run directory is never created.
+Two readers: typed (the reference's field types, parsed straight into structs) and, when a file
+does not fit those types (usage as one object, a number for a boolean), lenient (JSON values,
+Python's truthiness), about half as fast.
 """
 from __future__ import annotations
 
@@ -31,9 +35,9 @@ from tbhpc.store.merge import MergeReport, insert_campaign
 from tbhpc.store.run_dir import RunDir
 from tbhpc.store.schema import DDL, ROLES, SHARD_COLUMNS
 
-MEMORY_LIMIT = "256MB"     # DuckDB's own budget; spills to the temp directory beyond it
+MEMORY_LIMIT = "128MB"     # DuckDB's own budget; spills to the temp directory beyond it
 BAD = "!malformed"         # shard value of a row that failed the field checks (never lands: the import stops)
-MAX_LINE_BYTES = 32 << 20  # the longest result line read (DuckDB's JSON buffers are sized from it)
+MAX_LINE_BYTES = 16 << 20  # the longest result line read (DuckDB's JSON buffers are sized from it)
 
 # The reference's DecodeResult, typed: DuckDB parses each line straight into these (the fast path).
 _USAGE_T = ("STRUCT(input_tokens BIGINT, input_tokens_details STRUCT(cached_tokens BIGINT), output_tokens BIGINT, "
@@ -99,12 +103,12 @@ def _lenient(files: list[Path]) -> str:
     return f"""
         SELECT line_order, task_id, finish_reason,
                ({_truthy('is_system_error')} OR {_truthy('tr.is_system_error')} OR tr_type IS DISTINCT FROM 'OBJECT'
-                OR NOT has_result) AS sys,
+                OR tr.result IS NULL) AS sys,
                {_truthy('tr.result')} AS ok_result, try_cast(tr.reward ->> '$' AS DOUBLE) AS reward_value, {_tokens('us')},
                md.scenario AS scenario, coalesce(nullif(md.error, ''), nullif(tr.error, ''), nullif(top_error, '')) AS err,
                (tr_type NOT IN ('OBJECT', 'NULL') OR us_type NOT IN ('ARRAY', 'OBJECT', 'NULL')) AS bad_fields
         FROM (SELECT line_order, uid AS task_id, finish_reason, is_system_error, error AS top_error,
-                     json_type(test_result) AS tr_type, json_exists(test_result, '$.result') AS has_result,
+                     json_type(test_result) AS tr_type,
                      json_transform(test_result, '{tr}') AS tr, json_type(usage) AS us_type,
                      json_transform(CASE json_type(usage) WHEN 'OBJECT' THEN json_array(usage) ELSE usage END, '{usage}') AS us,
                      json_transform(metadata, '{{"scenario": "VARCHAR", "error": "VARCHAR"}}') AS md
@@ -222,4 +226,5 @@ def _insert(con, files: list[Path], campaign: str, policy_id: str) -> str:
             if problem:
                 raise UserError(problem) from None
             if reader is _lenient:
-                raise UserError(f"{files[0]}: DuckDB could not read the results ({' '.join(str(exc).split())[:200]})") from None
+                raise UserError(f"{files[0]}: DuckDB could not read the results ({' '.join(str(exc).split())[:200]}; "
+                                f"lines longer than {MAX_LINE_BYTES >> 20} MiB are not read)") from None
