@@ -66,7 +66,8 @@ def run_grad_noise(args) -> int:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     print(f"grad-noise: {len(groups)} informative groups of steps {args.steps}, gradients at {model_dir}", flush=True)
     noise = noise_of(group_gradients(model, groups))
-    print(report(noise, int(cfg.get("groups_per_step", 18)), f"{args.run} steps {args.steps}"))
+    from tbhpc.train.config import TrainConfig
+    print(report(noise, int(cfg.get("groups_per_step", TrainConfig.groups_per_step)), f"{args.run} steps {args.steps}"))
     return 0
 
 

@@ -100,15 +100,6 @@ class MicroBatch:
     meta: dict = field(default_factory=dict)
 
 
-def read_episode(path: Path, i: int) -> Episode:
-    with h5py.File(path, "r") as f:
-        a, b = f["offsets"][i], f["offsets"][i + 1]
-        g = f["episodes"]
-        return Episode(f["tokens"][a:b], f["loss_mask"][a:b], f["logprobs"][a:b], int(g["group"][i]), float(g["reward"][i]),
-                       float(g["advantage"][i]), g["task_id"][i].decode(), g["attempt_key"][i].decode(),
-                       g["finish_reason"][i].decode(), int(g["policy_version"][i]))
-
-
 def read_step(path: Path) -> list[Episode]:
     """Every episode of one step file, in order."""
     with h5py.File(path, "r") as f:
@@ -119,6 +110,10 @@ def read_step(path: Path) -> list[Episode]:
                     float(cols["advantage"][i]), cols["task_id"][i].decode(), cols["attempt_key"][i].decode(),
                     cols["finish_reason"][i].decode(), int(cols["policy_version"][i]))
             for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:]))]
+
+
+def read_episode(path: Path, i: int) -> Episode:
+    return read_step(path)[i]
 
 
 def iter_microbatches(path: Path, max_tokens: int, pad_id: int = 0, shuffle_seed: int | None = None) -> Iterator[MicroBatch]:
