@@ -1,0 +1,58 @@
+"""The merge's first-merge path (straight into `attempts`) and its fallback to the staged path:
+duplicate keys and corrupt shards in a run's first merge are handled as in any later merge."""
+import duckdb
+
+from tbhpc.store.merge import merge
+from tbhpc.store.run_dir import RunDir
+from tbhpc.store.shards import write_shard
+
+
+def _run(tmp_path) -> RunDir:
+    run = RunDir(tmp_path / "run")
+    run.create({"name": "m"}, "h", {"campaign": "m", "kind": "eval", "policy_id": "p"},
+               [{"task_id": f"t{i}", "domain": "retail", "split": "eval", "n_golden_calls": 1, "tags": [],
+                 "template": "x", "repeats": 2} for i in range(3)])
+    return run
+
+
+def _row(task: str, index: int, status: str = "ok", passed: bool = True, at: str = "2026-01-01 00:00:00") -> dict:
+    return {"campaign": "m", "task_id": task, "attempt_index": index, "policy_id": "p", "domain": "retail",
+            "status": status, "passed": passed if status == "ok" else None,
+            "reward": (1.0 if passed else 0.0) if status == "ok" else None, "finished_at": at}
+
+
+def _rows(run: RunDir):
+    return duckdb.connect(str(run.db), read_only=True).execute(
+        "SELECT task_id, attempt_index, status, passed FROM attempts ORDER BY 1, 2").fetchall()
+
+
+def test_a_clean_first_merge_lands_whole_and_a_second_changes_nothing(tmp_path):
+    run = _run(tmp_path)
+    write_shard(run.shards, [_row("t0", 0), _row("t0", 1, passed=False)], name="a.jsonl")
+    write_shard(run.shards, [_row("t1", 0), _row("t1", 1)], name="b.jsonl")
+    rep = merge(run)
+    assert rep.new_shards == 2 and rep.rows == 4 and not rep.quarantined
+    con = duckdb.connect(str(run.db), read_only=True)
+    assert con.execute("SELECT shard, rows FROM merged_shards ORDER BY 1").fetchall() == [("a.jsonl", 2), ("b.jsonl", 2)]
+    assert con.execute("SELECT count(*) FROM tasks").fetchone()[0] == 3
+    con.close()
+    before = _rows(run)
+    assert merge(run).new_shards == 0 and _rows(run) == before
+
+
+def test_duplicate_keys_in_a_first_merge_keep_the_ok_result(tmp_path):
+    run = _run(tmp_path)
+    write_shard(run.shards, [_row("t0", 0, passed=True)], name="a.jsonl")
+    write_shard(run.shards, [_row("t0", 0, status="system_error", at="2026-01-02 00:00:00"), _row("t2", 1)],
+                name="b.jsonl")
+    rep = merge(run)
+    assert rep.new_shards == 2 and _rows(run) == [("t0", 0, "ok", True), ("t2", 1, "ok", True)]
+
+
+def test_a_corrupt_shard_in_a_first_merge_is_quarantined_and_the_rest_lands(tmp_path):
+    run = _run(tmp_path)
+    write_shard(run.shards, [_row("t0", 0), _row("t1", 0)], name="a.jsonl")
+    (run.shards / "b.jsonl").write_text('{"campaign": "m", "task_id": "t2", "attempt_ind')
+    rep = merge(run)
+    assert [name for name, _ in rep.quarantined] == ["b.jsonl"] and (run.quarantine / "b.jsonl").exists()
+    assert _rows(run) == [("t0", 0, "ok", True), ("t1", 0, "ok", True)]
