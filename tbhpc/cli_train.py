@@ -45,6 +45,8 @@ def add_noise_parser(sub) -> None:
     n.add_argument("--steps", default="1-4", help="steps whose groups to measure: 1-4 or 1,3,5 (default 1-4)")
     n.add_argument("--model", type=Path, help="the weights to measure at (default: the run's initial model)")
     n.add_argument("--threads", type=int, default=2)
+    n.add_argument("--temperature", type=float, default=1.0,
+                   help="gradient of softmax(logits / T) (default 1: what the trainer steps on)")
 
 
 def run_grad_noise(args) -> int:
@@ -65,7 +67,9 @@ def run_grad_noise(args) -> int:
     model_dir = str(args.model or cfg.get("model", ""))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     print(f"grad-noise: {len(groups)} informative groups of steps {args.steps}, gradients at {model_dir}", flush=True)
-    noise = noise_of(group_gradients(model, groups))
+    if args.temperature <= 0:
+        raise UserError(f"grad-noise: --temperature must be > 0, got {args.temperature}")
+    noise = noise_of(group_gradients(model, groups, args.temperature))
     from tbhpc.train.config import TrainConfig
     print(report(noise, int(cfg.get("groups_per_step", TrainConfig.groups_per_step)), f"{args.run} steps {args.steps}"))
     return 0

@@ -70,6 +70,8 @@ def test_group_gradient_is_the_trainers_on_policy_grpo_gradient(tiny_dir):
         loss.backward()
     trainer = torch.cat([p.grad.flatten() for p in model.parameters()]).numpy()
     assert np.abs(mine - trainer).max() <= 1e-4 * np.abs(trainer).max()
+    tempered = group_gradients(model, [eps], temperature=0.5)[0]     # another policy: another gradient
+    assert np.abs(tempered - mine).max() > 1e-3 * np.abs(mine).max()
 
 
 def test_grad_noise_command_reads_a_runs_buffers(tiny_dir, tmp_path):

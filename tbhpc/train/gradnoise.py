@@ -59,9 +59,10 @@ def noise_of(grads: np.ndarray, seed: int = 0, splits: int = 64) -> GradientNois
     return GradientNoise(n, signal, noise, float(np.mean(cos)))
 
 
-def group_gradients(model, groups: list[list]) -> np.ndarray:
+def group_gradients(model, groups: list[list], temperature: float = 1.0) -> np.ndarray:
     """One flattened gradient of -sum_episodes A * sum_loss_tokens log pi per group, at `model`
-    (ratio 1: the on-policy GRPO gradient of that group, unnormalised)."""
+    (ratio 1: the on-policy GRPO gradient of that group, unnormalised). `temperature` != 1: of
+    the tempered policy softmax(logits / T) instead (the trainer steps on T = 1 today)."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -70,7 +71,7 @@ def group_gradients(model, groups: list[list]) -> np.ndarray:
         model.zero_grad(set_to_none=True)
         for e in episodes:
             ids = torch.from_numpy(e.tokens.astype(np.int64))[None]
-            logp = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0, :-1].float(), -1)
+            logp = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0, :-1].float() / temperature, -1)
             logp = logp.gather(1, ids[0, 1:, None])[:, 0]
             mask = torch.from_numpy(e.loss_mask[1:].astype(np.float32))
             (-float(e.advantage) * (logp * mask).sum()).backward()
