@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     ep = sub.add_parser("episode", help="run one episode and print its transcript and grade")
     ep.add_argument("--task", required=True)
-    ep.add_argument("--pack", default=None)
+    ep.add_argument("--pack", default=None, help="pack file/dir, or tb:DIR (a ThinkingBox data checkout)")
+    ep.add_argument("--servers", default=None, help="servers file for MCP tool servers (tb: sources)")
     add_agent_flags(ep)
     ep.add_argument("--format", choices=("text", "json"), default="text")
 
@@ -55,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     cli_serve.add_check_parser(sub)
     from tbhpc import cli_train
     cli_train.add_parsers(sub)
+
+    ms = sub.add_parser("mcp-serve", help="serve a built-in domain as a stdio MCP tool server (ThinkingBox reserved tools)")
+    ms.add_argument("--domain", required=True, help="retail | insurance | travel | neobank | consulting")
 
     demo = sub.add_parser("demo", help="the recipe on the bundled pack: the model pipeline, or quick=true for the noisy-oracle check")
     demo.add_argument("--config", type=Path, default=None, help="YAML config (see jobs/demo.yaml)")
@@ -108,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "grad-noise":
             from tbhpc import cli_train
             return cli_train.run_grad_noise(args)
+        if args.cmd == "mcp-serve":
+            from tbhpc.domains import DOMAIN_NAMES
+            if args.domain not in DOMAIN_NAMES:
+                raise UserError(f"--domain: unknown domain {args.domain!r} (known: {', '.join(DOMAIN_NAMES)})")
+            from tbhpc.mcp.serve import serve
+            serve(args.domain)
+            return 0
         if args.cmd == "demo":
             from tbhpc import demo
             return demo.run(args)

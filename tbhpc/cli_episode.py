@@ -5,20 +5,28 @@ import json
 from pathlib import Path
 
 from tbhpc.agents import build_judge, build_user
-from tbhpc.domains import get_domain
 from tbhpc.env.episode import run_episode
+from tbhpc.env.registry import Environments
 from tbhpc.errors import PackError
 from tbhpc.policy import make_policy
 from tbhpc.tasks.loader import default_pack_dir, load_pack
+from tbhpc.tb.dataset import TBDataset, is_tb_source
 
 
 def run(args, policy_opts: dict) -> int:
-    pack = Path(args.pack) if args.pack else default_pack_dir()
-    task = next((t for t in load_pack(pack) if t.id == args.task), None)
-    if task is None:
-        raise PackError(str(pack), "no such task", args.task, "id")
-    res = run_episode(task, get_domain(task.domain), make_policy(args.policy, **policy_opts),
-                      build_user(args), build_judge(args))
+    if is_tb_source(args.pack):
+        task = TBDataset(args.pack).tasks([args.task])[0]
+    else:
+        pack = Path(args.pack) if args.pack else default_pack_dir()
+        task = next((t for t in load_pack(pack) if t.id == args.task), None)
+        if task is None:
+            raise PackError(str(pack), "no such task", args.task, "id")
+    envs = Environments(args.servers)
+    try:
+        res = run_episode(task, envs.for_task(task), make_policy(args.policy, **policy_opts),
+                          build_user(args), build_judge(args))
+    finally:
+        envs.close()
     if args.format == "json":
         print(json.dumps(res.to_dict(), indent=1, ensure_ascii=False))
         return 0

@@ -17,6 +17,7 @@ import yaml
 from tbhpc.errors import UserError
 from tbhpc.tasks.loader import default_pack_dir, load_pack, pack_files
 from tbhpc.tasks.schema import Task
+from tbhpc.tb.dataset import TBDataset, is_tb_source
 
 EXECUTION_FIELDS = ("workers", "chunk_size", "concurrency", "slurm")
 KINDS = ("probe", "eval")
@@ -26,9 +27,10 @@ KINDS = ("probe", "eval")
 class CampaignConfig:
     name: str = "eval"
     kind: str = "eval"                 # probe | eval
-    pack: str | None = None            # pack file/dir; None = the bundled pack
-    split: str = "eval"                # train | eval | all
-    tasks: str | None = None           # file of task ids: YAML list, pool file {tasks: [...]}, or one id per line
+    pack: str | None = None            # pack file/dir; tb:DIR = a ThinkingBox data checkout; None = the bundled pack
+    split: str = "eval"                # train | eval | all (built-in packs; a ThinkingBox source is selected by `tasks`)
+    tasks: str | None = None           # file of task ids: YAML list (a ThinkingBox test list), pool file {tasks: [...]}, or one id per line
+    servers: str | None = None         # servers file for MCP tool servers (needed by tb: sources)
     domains: list[str] = field(default_factory=list)
     limit: int | None = None           # first N tasks after filtering (smoke runs)
     repeats: int = 1
@@ -79,8 +81,10 @@ class CampaignConfig:
         return d
 
 
-def pack_hash(pack: Path) -> str:
+def pack_hash(pack: Path | str) -> str:
     h = hashlib.sha256()
+    if is_tb_source(str(pack)):
+        return TBDataset(pack).digest()
     for p in pack_files(pack):
         h.update(p.name.encode())
         h.update(p.read_bytes())
@@ -92,7 +96,9 @@ def identity_hash(cfg: CampaignConfig, pack_digest: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def pack_path(cfg: CampaignConfig) -> Path:
+def pack_path(cfg: CampaignConfig) -> Path | str:
+    if is_tb_source(cfg.pack):
+        return str(cfg.pack)
     return Path(cfg.pack) if cfg.pack else default_pack_dir()
 
 
@@ -114,6 +120,20 @@ def read_task_ids(path: Path) -> list[str]:
 
 
 def select_tasks(cfg: CampaignConfig) -> list[Task]:
+    if is_tb_source(cfg.pack):
+        tasks = TBDataset(cfg.pack).tasks(read_task_ids(Path(cfg.tasks)) if cfg.tasks else None)
+    else:
+        tasks = _pack_tasks(cfg)
+    if cfg.domains:
+        tasks = [t for t in tasks if t.domain in set(cfg.domains)]
+    if cfg.limit is not None:
+        tasks = tasks[: cfg.limit]
+    if not tasks:
+        raise UserError("campaign config selects no tasks (check split, tasks, domains, limit)")
+    return tasks
+
+
+def _pack_tasks(cfg: CampaignConfig) -> list[Task]:
     tasks = load_pack(pack_path(cfg))
     if cfg.tasks:
         by_id = {t.id: t for t in tasks}
@@ -124,12 +144,6 @@ def select_tasks(cfg: CampaignConfig) -> list[Task]:
         tasks = [by_id[i] for i in dict.fromkeys(ids)]
     else:
         tasks = [t for t in tasks if cfg.split == "all" or t.split == cfg.split]
-    if cfg.domains:
-        tasks = [t for t in tasks if t.domain in set(cfg.domains)]
-    if cfg.limit is not None:
-        tasks = tasks[: cfg.limit]
-    if not tasks:
-        raise UserError("campaign config selects no tasks (check split, tasks, domains, limit)")
     return tasks
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from tbhpc.agents import build_judge, build_user
 from tbhpc.campaign.config import CampaignConfig, select_tasks
 from tbhpc.config import load_config
-from tbhpc.domains import get_domain
 from tbhpc.env.episode import EpisodeResult, run_episode
+from tbhpc.env.registry import Environments
 from tbhpc.policy import make_policy
 from tbhpc.store.run_dir import RunDir
 from tbhpc.tasks.loader import parse_task
@@ -49,6 +49,7 @@ class Worker:
         self.policy = make_policy(self.cfg.policy, **self.cfg.policy_opts)
         self.user = build_user(self.cfg)
         self.judge = build_judge(self.cfg)
+        self.envs = Environments(self.cfg.servers)
 
     def run_chunk(self, keys: list[Key]) -> tuple[int, int]:
         """Run the attempts, write one shard; returns (ok, system_errors)."""
@@ -65,7 +66,7 @@ class Worker:
     def attempt(self, task_id: str, index: int) -> dict:
         task = self.tasks[task_id]
         started = datetime.now(timezone.utc)
-        res = run_episode(task, get_domain(task.domain), self.policy, self.user, self.judge,
+        res = run_episode(task, self.envs.for_task(task), self.policy, self.user, self.judge,
                           seed=attempt_seed(self.cfg.seed, task_id, index))
         return attempt_row(res, self.campaign["campaign"], self.campaign["policy_id"], index, started)
 

@@ -74,3 +74,14 @@ class Domain:
 
     def toolbox(self, backend: Backend, timeout_s: float = 10.0) -> ToolBox:
         return ToolBox(backend, self.tools, timeout_s)
+
+    # the Environment protocol (tbhpc.env.session): what the episode loop asks of any backend
+    def system_prompt(self, agent_prompt: str) -> str:
+        return self.scenario.system_prompt(agent_prompt)
+
+    def max_agent_turns(self, task: Task) -> int:
+        return self.scenario.max_agent_turns
+
+    def open(self, task: Task, tool_timeout_s: float = 10.0):
+        from tbhpc.env.local import LocalSession
+        return LocalSession(self, task, tool_timeout_s)

@@ -21,11 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tbhpc.env.domain import Domain
 from tbhpc.env.grade import Grade, grade
 from tbhpc.env.judge import Judge
-from tbhpc.env.state import canonical_state
-from tbhpc.env.tools import ToolBox
+from tbhpc.env.session import EnvSession, Environment
 from tbhpc.env.users import UserSimulator
 from tbhpc.errors import InfraError
 from tbhpc.interpret import interpret
@@ -77,32 +75,31 @@ class EpisodeConfig:
     agent_prompt: str = AGENT_PROMPT
 
 
-def run_episode(task: Task, domain: Domain, policy: Policy, user: UserSimulator,
+def run_episode(task: Task, env: Environment, policy: Policy, user: UserSimulator,
                 judge: Judge | None = None, config: EpisodeConfig | None = None, seed: int = 0) -> EpisodeResult:
     cfg = config or EpisodeConfig()
     start = time.monotonic()
     usage = {"agent": Usage(), "user": Usage(), "judge": Usage()}
     res = EpisodeResult(task.id, task.domain, policy.name, "ok", None, None, "", host=socket.gethostname())
-    messages = [{"role": "system", "content": domain.scenario.system_prompt(cfg.agent_prompt)},
+    messages = [{"role": "system", "content": env.system_prompt(cfg.agent_prompt)},
                 {"role": "user", "content": task.query}]
     res.messages = messages
-    backend = None
+    session = None
     try:
-        backend = domain.backend(task)
-        box = domain.toolbox(backend, cfg.tool_timeout_s)
-        turns = _Turns(task, policy.session(task, seed=seed), user.session(task), box, messages, res, usage,
-                       cfg.max_agent_turns or domain.scenario.max_agent_turns)
+        session = env.open(task, cfg.tool_timeout_s)
+        turns = _Turns(task, policy.session(task, seed=seed), user.session(task), session, messages, res, usage,
+                       cfg.max_agent_turns or env.max_agent_turns(task))
         res.finish_reason = turns.run()
         res.final_message = _final_message(messages)
-        g: Grade = grade(domain, task, canonical_state(backend), res.final_message, judge, usage["judge"])
+        g: Grade = grade(task, session.check_state(), res.final_message, judge, usage["judge"])
         res.reward, res.passed, res.grade = g.reward, g.passed, g.to_dict()
     except InfraError as exc:
         res.status, res.finish_reason = "system_error", "system_error"
         res.error, res.error_kind = str(exc)[:2000], exc.kind
         res.reward = res.passed = None
     finally:
-        if backend is not None:
-            backend.conn.close()
+        if session is not None:
+            session.close()
         res.usage = {k: dict(v.__dict__) for k, v in usage.items()}
         res.wall_s = round(time.monotonic() - start, 6)
     return res
@@ -115,7 +112,7 @@ class _Turns:
     task: Task
     agent: Any
     human: Any
-    box: ToolBox
+    box: EnvSession
     messages: list[dict]
     res: EpisodeResult
     usage: dict[str, Usage]

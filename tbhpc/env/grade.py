@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from tbhpc.env.domain import Domain
 from tbhpc.env.judge import Judge, KeywordJudge
-from tbhpc.env.state import State, canonical_state, diff_states, state_hash
+from tbhpc.env.session import StateCheck
+from tbhpc.env.state import State, canonical_state, state_hash
 from tbhpc.llm_client import Usage
 from tbhpc.tasks.schema import Task
 
@@ -80,11 +81,10 @@ def initial_state(domain: Domain, task: Task) -> State:
         backend.conn.close()
 
 
-def grade(domain: Domain, task: Task, final: State, final_message: str, judge: Judge | None,
+def grade(task: Task, check: StateCheck, final_message: str, judge: Judge | None,
           judge_usage: Usage | None = None) -> Grade:
-    golden, golden_hash = golden_state(domain, task)
-    final_hash = state_hash(final)
-    match = final_hash == golden_hash
+    """The reward from the state check (in process or a tool server's effects) and the message checks."""
+    match = check.match
     missing = [s for s in task.output_contains if not contains_phrase(final_message, s)]
     rubrics = []
     judge = judge or KeywordJudge()
@@ -94,5 +94,5 @@ def grade(domain: Domain, task: Task, final: State, final_message: str, judge: J
             judge_usage.add(usage)
         rubrics.append({"question": rubric.question, "yes": yes})
     passed = match and not missing and all(r["yes"] for r in rubrics)
-    return Grade(1.0 if passed else 0.0, passed, match, final_hash, golden_hash,
-                 [] if match else diff_states(final, golden), missing, rubrics)
+    return Grade(1.0 if passed else 0.0, passed, match, check.final_hash, check.golden_hash,
+                 list(check.diff), missing, rubrics)

@@ -200,5 +200,10 @@ class ToolBox:
 
     @staticmethod
     def _error(name: str, message: str, start: float, end_turn: bool = False) -> ToolResult:
-        out = json.dumps({"error": message, "tool": str(name)[:80]}, ensure_ascii=False)
-        return ToolResult(str(name), out, False, end_turn, time.monotonic() - start)
+        return error_result(name, message, start, end_turn)
+
+
+def error_result(name: str, message: str, start: float, end_turn: bool = False) -> ToolResult:
+    """A business error as the agent sees it (the reference's `{"error", "tool"}` text)."""
+    out = json.dumps({"error": message, "tool": str(name)[:80]}, ensure_ascii=False)
+    return ToolResult(str(name), out, False, end_turn, time.monotonic() - start)

@@ -24,7 +24,7 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when ava
 
 TASK_FIELDS = {
     "id", "domain", "split", "template", "instance", "tags", "query", "user_context", "init",
-    "golden", "rubrics_yesno", "output_contains", "max_user_turns",
+    "golden", "rubrics_yesno", "output_contains", "max_user_turns", "backend",
 }
 
 
@@ -173,6 +173,7 @@ def parse_task(raw: Any, file: str, index: int, default_domain: str | None = Non
         template=r.get("template", str, default=""),
         instance=r.get("instance", str, default=""),
         source_file=file,
+        backend=r.get("backend", dict, default={}),
     )
 
 

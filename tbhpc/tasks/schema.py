@@ -54,6 +54,7 @@ class Task:
     template: str = ""
     instance: str = ""
     source_file: str = ""
+    backend: dict[str, Any] = field(default_factory=dict)   # {} = the built-in domain; else e.g. a ThinkingBox task's MCP servers (tbhpc.tb)
 
     @property
     def n_golden_calls(self) -> int:
@@ -82,6 +83,8 @@ class Task:
             out["output_contains"] = list(self.output_contains)
         if self.max_user_turns != 10:
             out["max_user_turns"] = self.max_user_turns
+        if self.backend:
+            out["backend"] = self.backend
         return out
 
 

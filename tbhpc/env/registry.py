@@ -1,0 +1,54 @@
+"""Which Environment runs a task: its built-in domain, or its ThinkingBox scenario's MCP servers.
+
+Why one resolver: campaign workers, training rollouts and the episode command all hold tasks
+and need "the environment for this task". A built-in task (`task.backend == {}`) runs in
+process; a task whose backend says `tb-mcp` runs on the servers named by a servers file, with
+the worker's warm pools shared across all scenarios that use the same server.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tbhpc.env.session import Environment
+from tbhpc.errors import UserError
+from tbhpc.tasks.schema import Task
+
+
+class Environments:
+    def __init__(self, servers_file: str | Path | None = None):
+        self.servers_file = servers_file
+        self._specs = None
+        self._pools: dict = {}
+        self._datasets: dict = {}
+        self._envs: dict = {}
+
+    def for_task(self, task: Task) -> Environment:
+        if not task.backend:
+            from tbhpc.domains import get_domain
+            return get_domain(task.domain)
+        kind = task.backend.get("kind")
+        from tbhpc.tb.dataset import BACKEND_KIND
+        if kind != BACKEND_KIND:
+            raise UserError(f"task {task.id}: unknown backend kind {kind!r} (known: {BACKEND_KIND})")
+        key = (task.backend["source"], task.backend["scenario"])
+        if key not in self._envs:
+            self._envs[key] = self._mcp_env(*key)
+        return self._envs[key]
+
+    def _mcp_env(self, source: str, scenario: str):
+        from tbhpc.mcp.client import ServerPool, register
+        from tbhpc.mcp.env import MCPEnvironment
+        from tbhpc.mcp.servers import load_servers
+        from tbhpc.tb.dataset import TBDataset
+        if self.servers_file is None:
+            raise UserError(f"scenario {scenario} runs on MCP tool servers: give a servers file (servers=FILE)")
+        if self._specs is None:
+            self._specs = load_servers(self.servers_file)
+            self._pools = {name: register(ServerPool(spec)) for name, spec in self._specs.items()}
+        if source not in self._datasets:
+            self._datasets[source] = TBDataset(source)
+        return MCPEnvironment(self._datasets[source].scenario(scenario), self._pools)
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()

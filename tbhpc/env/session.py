@@ -1,0 +1,50 @@
+"""What an episode talks to: an Environment hands out one EnvSession per attempt.
+
+Why a seam here: the episode loop, the grader and every campaign above them must not care
+whether the tools run in process (a private SQLite copy of a built-in domain, reset in tens of
+microseconds) or in tool-server processes speaking MCP (ThinkingBox's own servers, or tbhpc's
+domains served by `tbhpc mcp-serve`). Both give the same things: the tool schemas the agent
+sees, tool calls, the final-state check against the golden state, and a close.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tbhpc.env.tools import ToolResult
+from tbhpc.tasks.schema import Task
+
+
+@dataclass(frozen=True)
+class StateCheck:
+    """The database half of the grade: the final state's hash against the golden replay's."""
+
+    final_hash: str
+    golden_hash: str
+    diff: list[str] = field(default_factory=list)
+
+    @property
+    def match(self) -> bool:
+        return self.final_hash == self.golden_hash
+
+
+class EnvSession(Protocol):
+    def schemas(self) -> list[dict]: ...            # OpenAI tool schemas, whitelist order
+
+    def parameter_schemas(self) -> dict[str, dict]: ...  # name -> JSON schema (the interpreter coerces against it)
+
+    def call(self, name: str, arguments: Any) -> ToolResult: ...  # business errors are output; InfraError otherwise
+
+    def check_state(self) -> StateCheck: ...
+
+    def close(self) -> None: ...
+
+
+class Environment(Protocol):
+    name: str
+
+    def system_prompt(self, agent_prompt: str) -> str: ...
+
+    def max_agent_turns(self, task: Task) -> int: ...
+
+    def open(self, task: Task, tool_timeout_s: float) -> EnvSession: ...

@@ -1,0 +1,215 @@
+"""A synchronous handle on one stdio MCP server process, and a warm pool of them.
+
+Why a background event loop: the `mcp` SDK is asyncio, while episodes are plain (possibly
+concurrent) threads. One loop thread per worker process owns every server connection. Each
+connection is one long-lived task that enters the SDK's stdio transport and client session,
+reports ready, and holds both until it is closed (anyio wants a context exited by the task that
+entered it). Episode threads schedule calls onto that loop and wait with a deadline.
+
+Why a pool: a tool server takes about a second to start (its framework's imports dominate) and
+an attempt needs a fresh one (the reference servers keep their state in module globals). The
+pool starts `spare` processes ahead, so start-up overlaps the episode before; a server whose
+`__reserved__init` resets it completely (`reuse: true`, e.g. `tbhpc mcp-serve`) goes back
+into the pool after its attempt instead of being replaced.
+
+Every failure to spawn, start, answer in time or stay alive is a `ToolServerError`: a system
+error of the attempt (re-run), never a 0. The server's stderr is kept in a temporary file and
+its last lines are quoted in that error.
+"""
+from __future__ import annotations
+
+import asyncio
+import atexit
+import tempfile
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+from tbhpc.errors import InfraError
+
+
+class ToolServerError(InfraError):
+    """A tool server failed to start, answer in time, or stay alive."""
+
+    kind = "tool_server"
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    name: str
+    command: str
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    reuse: bool = False               # `__reserved__init` resets it fully: one process may serve many attempts
+    spare: int = 1                    # processes started ahead, per worker process
+    startup_timeout_s: float = 60.0
+
+
+_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def event_loop() -> asyncio.AbstractEventLoop:
+    """The worker process's MCP loop (a daemon thread, started on first use)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="mcp-loop", daemon=True).start()
+            _LOOP = loop
+        return _LOOP
+
+
+class ServerConnection:
+    """One server process and its client session; starts on construction, in the background."""
+
+    def __init__(self, spec: ServerSpec):
+        self.spec = spec
+        self.t0 = time.monotonic()
+        self.ready_s: float | None = None
+        self.stderr = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
+        self.failure: BaseException | None = None
+        self.calls = 0
+        self._ready: Future = Future()
+        self._closing = asyncio.Event()
+        self._session = None
+        self._life = asyncio.run_coroutine_threadsafe(self._run(), event_loop())
+
+    async def _run(self) -> None:
+        from mcp.client.session import ClientSession
+        from mcp.client.stdio import StdioServerParameters, stdio_client
+        params = StdioServerParameters(command=self.spec.command, args=list(self.spec.args),
+                                       env=dict(self.spec.env) or None, cwd=self.spec.cwd)
+        try:
+            async with stdio_client(params, errlog=self.stderr) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    self._session = session
+                    self.ready_s = time.monotonic() - self.t0
+                    self._ready.set_result(self.ready_s)
+                    await self._closing.wait()
+        except BaseException as exc:  # noqa: BLE001 - recorded; raised to callers as ToolServerError
+            self.failure = exc
+            if not self._ready.done():
+                self._ready.set_exception(exc)
+        finally:
+            self._session = None
+
+    @property
+    def alive(self) -> bool:
+        return self.failure is None and not self._life.done()
+
+    def wait_ready(self) -> None:
+        try:
+            self._ready.result(self.spec.startup_timeout_s)
+        except FutureTimeout:
+            self.close()
+            raise ToolServerError(f"tool server {self.spec.name}: not ready after {self.spec.startup_timeout_s:.0f}s"
+                                  f"{self._stderr_tail()}") from None
+        except Exception as exc:
+            raise ToolServerError(f"tool server {self.spec.name}: failed to start{self._stderr_tail()}", exc) from None
+
+    def list_tools(self, timeout_s: float = 30.0) -> list:
+        return self._wait(self._request(lambda s: s.list_tools()), "list_tools", timeout_s).tools
+
+    def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> tuple[str, bool]:
+        """The tool's text output and whether the server flagged it as an error."""
+        self.calls += 1
+        result = self._wait(self._request(lambda s: s.call_tool(name, arguments, read_timeout_seconds=timeout_s)),
+                            name, timeout_s + 5.0)
+        text = "".join(getattr(c, "text", "") for c in result.content)
+        return text, bool(result.is_error)
+
+    def close(self) -> None:
+        """Close stdin and let the SDK stop the process (non-blocking)."""
+        try:
+            event_loop().call_soon_threadsafe(self._closing.set)
+        except RuntimeError:  # loop already closed at interpreter exit
+            pass
+
+    def _request(self, make):
+        async def run():
+            if self._session is None:
+                raise ConnectionError("no session")
+            return await make(self._session)
+        return asyncio.run_coroutine_threadsafe(run(), event_loop())
+
+    def _wait(self, fut, what: str, timeout_s: float):
+        try:
+            return fut.result(timeout_s)
+        except FutureTimeout:
+            fut.cancel()
+            self.failure = self.failure or TimeoutError(what)
+            raise ToolServerError(f"tool server {self.spec.name}: {what} got no answer in {timeout_s:.0f}s") from None
+        except Exception as exc:
+            self.failure = self.failure or exc
+            dead = "" if self.alive else " (the server has stopped)"
+            raise ToolServerError(f"tool server {self.spec.name}: {what} failed{dead}{self._stderr_tail()}", exc) from None
+
+    def _stderr_tail(self, lines: int = 3) -> str:
+        try:
+            self.stderr.flush()
+            self.stderr.seek(0)
+            tail = [ln for ln in self.stderr.read().splitlines() if ln.strip()][-lines:]
+        except (OSError, ValueError):
+            return ""
+        return f" (stderr: {' | '.join(tail)[:500]})" if tail else ""
+
+
+class ServerPool:
+    """Started-ahead processes of one server, shared by one worker process's episode threads."""
+
+    def __init__(self, spec: ServerSpec):
+        self.spec = spec
+        self._idle: deque[ServerConnection] = deque()
+        self._lock = threading.Lock()
+        self.started = 0
+        self.tools: list | None = None      # the server's tool list (static per command), listed once
+
+    def acquire(self) -> ServerConnection:
+        with self._lock:
+            conn = self._idle.popleft() if self._idle else None
+            while conn is not None and conn.ready_s is not None and not conn.alive:  # died while idle
+                conn = self._idle.popleft() if self._idle else None
+            if conn is None:
+                conn = self._start()
+            while len(self._idle) < self.spec.spare:
+                self._idle.append(self._start())
+        conn.wait_ready()
+        return conn
+
+    def release(self, conn: ServerConnection, healthy: bool) -> None:
+        with self._lock:
+            if self.spec.reuse and healthy and conn.alive and len(self._idle) < self.spec.spare + 1:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            while self._idle:
+                self._idle.popleft().close()
+
+    def _start(self) -> ServerConnection:
+        self.started += 1
+        return ServerConnection(self.spec)
+
+
+_POOLS: list[ServerPool] = []
+
+
+def register(pool: ServerPool) -> ServerPool:
+    _POOLS.append(pool)
+    return pool
+
+
+@atexit.register
+def _close_pools() -> None:
+    for pool in _POOLS:
+        pool.close()
+    if _POOLS:
+        time.sleep(0.05)   # let the loop deliver the closes; the SDK then stops each process
