@@ -116,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             from tbhpc.domains import DOMAIN_NAMES
             if args.domain not in DOMAIN_NAMES:
                 raise UserError(f"--domain: unknown domain {args.domain!r} (known: {', '.join(DOMAIN_NAMES)})")
+            from tbhpc.env.registry import require_mcp
             from tbhpc.mcp.serve import serve
+            require_mcp()
             serve(args.domain)
             return 0
         if args.cmd == "demo":

@@ -113,8 +113,9 @@ def _select(args) -> int:
     run = RunDir(args.run).require()
     excludes = [str(p) for p in args.exclude]
     camp = run.campaign()
-    if not excludes and camp.get("source") == "tbhpc":  # default: the probed pack's held-out ids
-        default = pack_path(from_dict(CampaignConfig, camp["config"])) / "eval_ids.txt"
+    pack = pack_path(from_dict(CampaignConfig, camp["config"])) if camp.get("source") == "tbhpc" else None
+    if not excludes and isinstance(pack, Path):  # default: the probed pack's held-out ids (a tb: source has none)
+        default = pack / "eval_ids.txt"
         if default.exists():
             excludes = [str(default)]
     cfg = SelectConfig(keep=[b.strip() for b in args.keep.split(",") if b.strip()], min_clean_runs=args.min_clean_runs,

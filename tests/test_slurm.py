@@ -58,6 +58,25 @@ def test_slurm_array_gives_the_same_rows_as_local(tmp_path):
     assert len(nodes) == 9 and len(jobs) == 1  # 536 attempts in arrays tasks of 60
 
 
+def test_a_thinkingbox_source_on_mcp_servers_runs_as_an_array_like_locally(tmp_path, pack_tasks):
+    pytest.importorskip("mcp")
+    from tbhpc.tb.export import write_dataset
+    picked = [t for t in pack_tasks if t.split == "eval" and t.domain in ("travel", "insurance")][::9][:6]
+    root = write_dataset(picked, tmp_path / "tbdata")
+    cfg = CampaignConfig(name="tb", pack=f"tb:{root}", tasks=str(root / "testlist.yaml"),
+                         servers=str(root / "servers.yaml"), repeats=2, policy_opts={"skill": 0.8})
+    local = run_campaign(cfg, tmp_path / "local")
+    ex = slurm_executor(attempts_per_task=4)
+    res = run_campaign(cfg, tmp_path / "slurm", executor=ex)
+    assert res.missing == 0 and local.missing == 0 and res.planned == len(picked) * 2
+    assert rows(tmp_path / "slurm") == rows(tmp_path / "local")
+    assert {r[3] for r in rows(tmp_path / "slurm")} == {"ok"}
+    con = duckdb.connect(str(tmp_path / "slurm" / "results.duckdb"), read_only=True)
+    tasks = con.execute("SELECT count(DISTINCT slurm_array_task_id), count(DISTINCT domain) FROM attempts").fetchone()
+    con.close()
+    assert tasks == (3, 2)     # 12 attempts in array tasks of 4; domains are the scenarios
+
+
 def _array_pids(run: Path) -> dict[str, int]:
     """{array task id: pid} of running array-task workers of this run (same host as the nodes)."""
     found = {}

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from tbhpc.errors import UserError
-from tbhpc.tasks.loader import default_pack_dir, load_pack, pack_files
+from tbhpc.tasks.loader import default_pack_dir, load_pack, pack_files, read_id_list as read_task_ids
 from tbhpc.tasks.schema import Task
 from tbhpc.tb.dataset import TBDataset, is_tb_source
 
@@ -100,23 +100,6 @@ def pack_path(cfg: CampaignConfig) -> Path | str:
     if is_tb_source(cfg.pack):
         return str(cfg.pack)
     return Path(cfg.pack) if cfg.pack else default_pack_dir()
-
-
-def read_task_ids(path: Path) -> list[str]:
-    """Ids from a YAML list, a pool file ({tasks: [...]}) or a text file with one id per line."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read task list: {exc.strerror}") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError:
-        doc = None
-    if isinstance(doc, dict) and isinstance(doc.get("tasks"), list):
-        doc = doc["tasks"]
-    if isinstance(doc, list) and all(isinstance(x, str) for x in doc):
-        return doc
-    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 
 
 def select_tasks(cfg: CampaignConfig) -> list[Task]:

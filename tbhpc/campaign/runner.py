@@ -19,6 +19,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgress
 from tbhpc.campaign.config import CampaignConfig, identity_hash, pack_hash, pack_path, plan_rows, select_tasks
 from tbhpc.campaign.executors import Executor, LocalExecutor
 from tbhpc.config import resolved
+from tbhpc.env.registry import preflight
 from tbhpc.errors import UserError
 from tbhpc.store.merge import MergeReport, connect, merge
 from tbhpc.store.run_dir import RunDir
@@ -38,6 +39,7 @@ class CampaignResult:
 def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict]]:
     """Create the run directory, or check that an existing one holds the same campaign."""
     tasks = select_tasks(cfg)
+    preflight(tasks, cfg.servers)
     digest = pack_hash(pack_path(cfg))
     chash = identity_hash(cfg, digest)
     run = RunDir(Path(out))

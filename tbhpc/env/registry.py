@@ -36,6 +36,7 @@ class Environments:
         return self._envs[key]
 
     def _mcp_env(self, source: str, scenario: str):
+        require_mcp()
         from tbhpc.mcp.client import ServerPool, register
         from tbhpc.mcp.env import MCPEnvironment
         from tbhpc.mcp.servers import load_servers
@@ -52,3 +53,28 @@ class Environments:
     def close(self) -> None:
         for pool in self._pools.values():
             pool.close()
+
+
+def preflight(tasks: list[Task], servers_file: str | Path | None) -> None:
+    """Before a campaign plans anything: every MCP task's servers are defined, start, and offer
+    every tool its scenario whitelists (one process per server, started together). A mistake
+    in the servers file or the scenario is then one clear line, not a crash in an array task."""
+    firsts: dict[tuple, Task] = {}
+    for t in tasks:
+        if t.backend:
+            firsts.setdefault((t.backend.get("source"), t.backend.get("scenario")), t)
+    if not firsts:
+        return
+    envs = Environments(servers_file)
+    try:
+        for task in firsts.values():
+            envs.for_task(task).check(task)
+    finally:
+        envs.close()
+
+
+def require_mcp() -> None:
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        raise UserError("MCP tool servers need the mcp package: pip install -e '.[mcp]' (make env installs it)") from None

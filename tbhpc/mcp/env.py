@@ -51,9 +51,13 @@ class MCPEnvironment:
     def open(self, task: Task, tool_timeout_s: float = 10.0) -> "MCPSession":
         return MCPSession(self, task, tool_timeout_s)
 
+    def check(self, task: Task) -> None:
+        """The servers this task needs are defined and start, and they offer every whitelisted tool."""
+        MCPSession(self, task, 10.0, init=False).close()
+
 
 class MCPSession:
-    def __init__(self, env: MCPEnvironment, task: Task, tool_timeout_s: float):
+    def __init__(self, env: MCPEnvironment, task: Task, tool_timeout_s: float, init: bool = True):
         self.env, self.task, self.timeout = env, task, tool_timeout_s
         self.conns: dict[str, ServerConnection] = {}
         self.healthy = True
@@ -62,7 +66,7 @@ class MCPSession:
             for server in configs:
                 self.conns[server] = env.pools[server].acquire()
             self.tools = self._visible_tools()
-            for server, config in configs.items():
+            for server, config in (configs.items() if init else ()):
                 text, is_error = self.conns[server].call(INIT, {"config": config}, max(tool_timeout_s, 60.0))
                 if is_error or _json(text) != {}:
                     raise ToolServerError(f"tool server {server}: {INIT} did not return {{}}: {text[:300]}")

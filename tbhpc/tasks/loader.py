@@ -17,7 +17,7 @@ from typing import Any, Iterable
 import yaml
 
 from tbhpc.argcheck import check_object
-from tbhpc.errors import PackError
+from tbhpc.errors import PackError, UserError
 from tbhpc.tasks.schema import SPLITS, GoldenCall, ManualDoc, Rubric, Scenario, Task
 
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when available, else pure Python
@@ -72,10 +72,26 @@ def load_pack(pack: Path | str | None = None) -> list[Task]:
     return tasks
 
 
+def read_id_list(path: Path | str) -> list[str]:
+    """Task ids from a YAML list (a ThinkingBox test list), a pool file ({tasks: [...]}) or a text
+    file with one id per line (blank lines and # comments ignored)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read task list: {exc.strerror or exc}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        doc = None
+    if isinstance(doc, dict) and isinstance(doc.get("tasks"), list):
+        doc = doc["tasks"]
+    if isinstance(doc, list) and all(isinstance(x, str) for x in doc):
+        return doc
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
 def load_exclusions(path: Path | str) -> set[str]:
-    """Task ids listed one per line (blank lines and # comments ignored)."""
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    return {ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")}
+    return set(read_id_list(path))
 
 
 def load_task_file(path: Path) -> list[Task]:

@@ -115,7 +115,7 @@ def _checks(fn: ast.FunctionDef | ast.AsyncFunctionDef, path: Path) -> tuple[str
         call = stmt.value if isinstance(stmt, ast.Expr) else None
         name = _call_name(call) if isinstance(call, ast.Call) else None
         if name not in CHECKS:
-            what = f"calls {name}()" if name else f"has a {type(stmt).__name__} statement"
+            what = f"calls {name}()" if name else f"has a statement of type {type(stmt).__name__}"
             raise PackError(str(path), f"line {stmt.lineno}: the test body {what}; tbhpc never runs test files and "
                             f"grades only {' and '.join(CHECKS)}", fn.name)
         if name not in found:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tbhpc.campaign.config import read_task_ids
+from tbhpc.tasks.loader import read_id_list as read_task_ids
 from tbhpc.errors import UserError
 
 
@@ -27,8 +27,9 @@ def load_pool(pool_file: str | Path, exclude_files: list[str] | None = None) -> 
         banned = set(read_task_ids(Path(f)))
         leaked = [i for i in ids if i in banned]
         if leaked:
+            named = ", ".join(repr(i) for i in leaked[:5]) + (f" and {len(leaked) - 5} more" if len(leaked) > 5 else "")
             raise UserError(f"{pool_file}: {len(leaked)} task(s) of the exclusion list {f} are in the pool "
-                            f"(first: {leaked[0]!r}); training on held-out tasks is refused")
+                            f"({named}); training on benchmark or held-out tasks is refused")
     return ids
 
 

@@ -1,0 +1,162 @@
+"""ThinkingBox-format tasks on real stdio MCP server processes (`tbhpc mcp-serve`), end to end.
+
+The fixtures are written here: built-in tasks exported as a ThinkingBox data directory (scenario
+YAML, test-case .py files, a servers file). Every server is a real subprocess speaking MCP over
+stdin/stdout; nothing is faked.
+"""
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pytest
+import yaml
+
+from tbhpc.domains import get_domain
+from tbhpc.env.episode import run_episode
+from tbhpc.env.judge import KeywordJudge
+from tbhpc.env.registry import Environments
+from tbhpc.env.users import ScriptedUser
+from tbhpc.errors import UserError
+from tbhpc.mcp.client import ServerConnection, ServerSpec
+from tbhpc.policy.scripted import NoopPolicy, OraclePolicy
+from tbhpc.tb.dataset import TBDataset
+from tbhpc.tb.export import write_dataset
+
+pytest.importorskip("mcp")
+
+
+def _pick(pack_tasks):
+    by_domain: dict[str, list] = {}
+    for t in pack_tasks:
+        if t.split == "eval" and t.domain in ("retail", "neobank") and not t.rubrics_yesno:
+            by_domain.setdefault(t.domain, []).append(t)
+    mutating = [t for t in by_domain["retail"] if len(t.golden_calls) >= 3][:3]
+    return mutating + by_domain["neobank"][:3] + [next(t for t in pack_tasks if t.rubrics_yesno)]
+
+
+@pytest.fixture(scope="module")
+def tb(tmp_path_factory, pack_tasks):
+    originals = _pick(pack_tasks)
+    root = write_dataset(originals, tmp_path_factory.mktemp("tbdata"))
+    ids = yaml.safe_load((root / "testlist.yaml").read_text())
+    tasks = TBDataset(root).tasks(ids)
+    envs = Environments(root / "servers.yaml")
+    yield root, originals, tasks, envs
+    envs.close()
+
+
+def test_oracle_passes_through_real_servers_with_the_in_process_hashes(tb):
+    root, originals, tasks, envs = tb
+    for orig, task in zip(originals, tasks):
+        if orig.rubrics_yesno:
+            continue
+        mcp = run_episode(task, envs.for_task(task), OraclePolicy(), ScriptedUser(), KeywordJudge())
+        local = run_episode(orig, get_domain(orig.domain), OraclePolicy(), ScriptedUser(), KeywordJudge())
+        assert (mcp.status, mcp.reward, mcp.finish_reason) == ("ok", 1.0, "done"), (task.id, mcp.error)
+        assert mcp.grade["final_hash"] == local.grade["final_hash"] and mcp.tool_calls == local.tool_calls
+        assert [m.get("content") for m in mcp.messages if m["role"] == "tool"] == \
+               [m.get("content") for m in local.messages if m["role"] == "tool"]
+    started = {name: p.started for name, p in envs._pools.items() if p.started}
+    assert set(started) == {"retail", "neobank"}           # a pool starts processes only when its server is used
+    assert all(n <= 2 for n in started.values()), started   # reuse: true -> one process serves attempt after attempt
+
+
+def test_a_sabotaged_trajectory_fails_with_the_same_diff_as_in_process(tb):
+    root, originals, tasks, envs = tb
+    orig, task = originals[0], tasks[0]
+    drop_last = OraclePolicy(calls=lambda t: list(t.golden_calls[:-1]))
+    mcp = run_episode(task, envs.for_task(task), drop_last, ScriptedUser(), KeywordJudge())
+    local = run_episode(orig, get_domain(orig.domain), drop_last, ScriptedUser(), KeywordJudge())
+    assert mcp.status == "ok" and mcp.reward == 0.0 and not mcp.grade["state_match"]
+    assert mcp.grade["diff"] and mcp.grade["diff"] == local.grade["diff"]
+    assert mcp.grade["golden_hash"] == local.grade["golden_hash"]
+
+
+def test_rubrics_are_judged_natively_on_the_final_message(tb):
+    root, originals, tasks, envs = tb
+    orig, task = originals[-1], tasks[-1]
+    assert task.rubrics_yesno and task.golden_response == ""   # the format has no golden answer
+    answered = dataclasses.replace(task, golden_response=orig.golden_response)
+    good = run_episode(answered, envs.for_task(task), OraclePolicy(), ScriptedUser(), KeywordJudge())
+    bare = run_episode(task, envs.for_task(task), OraclePolicy(), ScriptedUser(), KeywordJudge())
+    assert good.reward == 1.0 and all(r["yes"] for r in good.grade["rubrics"])
+    assert bare.reward == 0.0 and bare.grade["state_match"] and not all(r["yes"] for r in bare.grade["rubrics"])
+
+
+def _servers(tmp_path: Path, name: str, command: list[str], **extra) -> Path:
+    path = tmp_path / "servers.yaml"
+    path.write_text(yaml.safe_dump({"servers": {name: {"command": command, **extra}}}))
+    return path
+
+
+def test_a_server_that_fails_or_hangs_is_a_system_error_never_a_zero(tb, tmp_path):
+    root, originals, tasks, envs = tb
+    task = tasks[0]
+    crash = _servers(tmp_path, "retail", [sys.executable, "-c", "import sys; sys.stderr.write('boom: no licence\\n'); sys.exit(3)"])
+    res = run_episode(task, Environments(crash).for_task(task), OraclePolicy(), ScriptedUser())
+    assert (res.status, res.reward, res.error_kind) == ("system_error", None, "tool_server")
+    assert "failed to start" in res.error and "boom: no licence" in res.error
+    hang = _servers(tmp_path, "retail", [sys.executable, "-c", "import time; time.sleep(30)"], startup_timeout_s=1.5)
+    res = run_episode(task, Environments(hang).for_task(task), OraclePolicy(), ScriptedUser())
+    assert res.status == "system_error" and "not ready after 2s" in res.error
+
+
+def test_missing_servers_and_unoffered_tools_are_user_errors(tb, tmp_path):
+    root, originals, tasks, envs = tb
+    other = _servers(tmp_path, "travel", [sys.executable, "-m", "tbhpc.cli", "mcp-serve", "--domain", "travel"])
+    with pytest.raises(UserError, match="needs tool server 'retail', which the servers file does not define"):
+        run_episode(tasks[0], Environments(other).for_task(tasks[0]), OraclePolicy(), ScriptedUser())
+    wrong = _servers(tmp_path, "retail", [sys.executable, "-m", "tbhpc.cli", "mcp-serve", "--domain", "travel"])
+    with pytest.raises(UserError, match="is whitelisted but none of the scenario's servers"):
+        run_episode(tasks[0], Environments(wrong).for_task(tasks[0]), OraclePolicy(), ScriptedUser())
+    with pytest.raises(UserError, match="servers=FILE"):
+        Environments(None).for_task(tasks[0])
+
+
+def test_mcp_serve_speaks_the_reserved_protocol_to_any_client(pack_tasks):
+    conn = ServerConnection(ServerSpec("neobank", sys.executable, ("-m", "tbhpc.cli", "mcp-serve", "--domain", "neobank")))
+    try:
+        conn.wait_ready()
+        names = {t.name for t in conn.list_tools()}
+        assert {"__reserved__init", "__reserved__geteffects", "__reserved__teardown"} <= names
+        assert set(get_domain("neobank").all_tools) <= names
+        text, err = conn.call("get_customer", {"customer_id": "x"}, 10)
+        assert err and "call __reserved__init first" in text
+        text, err = conn.call("__reserved__init", {"config": {"data_patch": {"no_such_table": [{"id": 1}]}}}, 10)
+        assert err and "bad init config" in text
+        task = next(t for t in pack_tasks if t.domain == "neobank" and t.data_patch)
+        config = {"data_patch": task.data_patch, "sources": [{"name": "ignored.md", "snippets": ["x"]}],
+                  "golden_test_case": {"tool_interactions": [c.to_dict() for c in task.golden_calls]}}
+        assert conn.call("__reserved__init", {"config": config}, 10) == ("{}", False)
+        effects = json.loads(conn.call("__reserved__geteffects", {}, 10)[0])
+        assert set(effects) >= {"result_db_hash", "golden_db_hash", "diff"}
+        assert conn.call("__reserved__teardown", {}, 10) == ("{}", False)
+    finally:
+        conn.close()
+
+
+def test_eval_and_probe_campaigns_run_a_tb_source_and_select_accepts_it(tb, tmp_path):
+    root, originals, tasks, envs = tb
+    common = [f"pack=tb:{root}", f"tasks={root / 'testlist.yaml'}", f"servers={root / 'servers.yaml'}"]
+    cli = [sys.executable, "-m", "tbhpc.cli"]
+    out = subprocess.run(cli + ["probe", "--out", str(tmp_path / "probe"), *common, "repeats=4", "workers=2",
+                                "policy_opts={skill: 0.7}"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    con = duckdb.connect(str(tmp_path / "probe" / "results.duckdb"), read_only=True)
+    rows = con.execute("SELECT count(*), count(*) FILTER (WHERE status = 'ok') FROM attempts").fetchone()
+    domains = {r[0] for r in con.execute("SELECT DISTINCT domain FROM attempts").fetchall()}
+    con.close()
+    assert rows == (len(tasks) * 4, len(tasks) * 4)
+    assert domains == {"tbhpc_retail", "tbhpc_neobank", "tbhpc_consulting"}   # domain = scenario, as the reference
+    sel = subprocess.run(cli + ["select", str(tmp_path / "probe"), "--out", str(tmp_path / "pool.yaml")],
+                         capture_output=True, text=True, timeout=120)
+    assert sel.returncode == 0, sel.stderr[-2000:]
+    pool = yaml.safe_load((tmp_path / "pool.yaml").read_text())
+    assert set(pool["tasks"]) <= {t.id for t in tasks}
+    bad = subprocess.run(cli + ["eval", "--out", str(tmp_path / "e"), f"pack=tb:{root}", f"tasks={root / 'testlist.yaml'}"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "servers=FILE" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "e").exists()     # refused before anything was written

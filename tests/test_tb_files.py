@@ -1,0 +1,166 @@
+"""ThinkingBox task files: the test-case parser (ast only, never run), the dataset layout, the
+init merge, and the errors a user sees. No server processes here (see test_mcp.py)."""
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tbhpc.errors import PackError, UserError
+from tbhpc.tb.dataset import TBDataset, merge_init
+from tbhpc.tb.testfile import parse_test_file
+
+SCENARIO = """\
+world_state:
+  shop:
+    sources: [{name: refunds.md, snippets: ["Refunds within 30 days."]}]
+    rubrics_yesno: null
+tools:
+  - name: get_order
+  - name: cancel_order
+    override_description: Cancel an order (only pending ones).
+    override_arg_description: {order_id: The order to cancel.}
+  - name: transfer_to_human
+    is_end_turn: true
+bot_instructions: You are the shop's support agent.
+"""
+
+HOSTILE = '''\
+"""!
+scenario: shop_support
+tags: [shop]
+"""
+import os
+open(os.environ["TBHPC_MARKER"], "w").write("executed")   # would run on import or exec
+raise RuntimeError("this file was executed")
+
+
+def validate_database(x):
+    raise RuntimeError("a helper ran")
+
+
+def test_cancel(x, judge):
+    """!
+    query: Please cancel order O1.
+    user_context: |
+      You are Ann. Your order is O1.
+    max_user_sim_turns: 4
+    tags: [cancel]
+    init:
+      shop:
+        data_patch: {orders: [{id: O1, status: pending}]}
+        golden_test_case:
+          tool_interactions:
+            - {tool: get_order, parameters: {order_id: O1}}
+            - {tool: cancel_order, parameters: {order_id: O1}}
+    """
+    validate_database(x)
+
+
+def test_refund_words(x, judge):
+    """!
+    query: Can I get a refund?
+    init:
+      shop:
+        rubrics_yesno: ["Does the message mention the 30-day window?"]
+    """
+    validate_database(x)
+    validate_rubrics_yesno(x, judge)
+
+
+def not_a_test(x):
+    return 1
+'''
+
+
+def _dataset(tmp_path: Path, test_file: str = HOSTILE, name: str = "shop_support_group1.py", folder: str = "shop_support") -> Path:
+    (tmp_path / "dataset" / "scenario").mkdir(parents=True)
+    (tmp_path / "dataset" / "scenario" / "shop_support.yaml").write_text(SCENARIO)
+    d = tmp_path / "dataset" / "test_case" / folder
+    d.mkdir(parents=True)
+    (d / name).write_text(test_file)
+    return tmp_path
+
+
+def test_a_hostile_file_is_parsed_never_run(tmp_path, monkeypatch):
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("TBHPC_MARKER", str(marker))
+    root = _dataset(tmp_path)
+    tests = parse_test_file(root / "dataset/test_case/shop_support/shop_support_group1.py")
+    assert [t.name for t in tests] == ["test_cancel", "test_refund_words"]
+    assert tests[0].config["scenario"] == "shop_support" and tests[0].config["tags"] == ["shop", "cancel"]
+    assert tests[0].checks == ("validate_database",)
+    assert tests[1].checks == ("validate_database", "validate_rubrics_yesno")
+    tasks = TBDataset(root).tasks(["shop_support_group1.py:test_refund_words", "shop_support_group1.py:test_cancel"])
+    assert not marker.exists()                 # nothing in the file ever ran
+    refund, cancel = tasks
+    assert cancel.id == "shop_support_group1.py:test_cancel" and cancel.domain == "shop_support"
+    assert cancel.max_user_turns == 4 and cancel.tags == ("shop", "cancel")
+    assert [c.tool for c in cancel.golden_calls] == ["get_order", "cancel_order"]
+    assert cancel.backend["kind"] == "tb-mcp" and cancel.backend["scenario"] == "shop_support"
+    assert cancel.backend["init"]["shop"]["data_patch"] == {"orders": [{"id": "O1", "status": "pending"}]}
+    assert cancel.backend["max_agent_turns"] is None
+    assert [r.question for r in refund.rubrics_yesno] == ["Does the message mention the 30-day window?"]
+    assert refund.max_user_turns == 10
+
+
+def test_bare_file_names_resolve_under_their_prefix_folder(tmp_path):
+    root = _dataset(tmp_path, name="shop_support_v2_group7.py", folder="shop_support_v2")
+    ds = TBDataset(root / "dataset")           # the dataset/ folder itself works too
+    assert ds.testfile_path("shop_support_v2_group7.py").parent.name == "shop_support_v2"
+    with pytest.raises(UserError, match="no test-case file 'shop_other.py'"):
+        ds.testfile_path("shop_other.py")
+    with pytest.raises(UserError, match="test_missing"):
+        ds.tasks(["shop_support_v2_group7.py:test_cancel", "shop_support_v2_group7.py:test_missing"])
+    with pytest.raises(UserError, match="expected '<file name>:<test name>'"):
+        ds.tasks(["just_a_name"])
+
+
+def test_init_merge_follows_the_reference_rules():
+    a = {"shop": {"sources": [1], "data_patch": None, "deep": {"x": 1, "keep": True}}}
+    b = {"shop": {"sources": [2], "data_patch": {"t": []}, "deep": {"x": 2}}, "other": {"y": 1}}
+    assert merge_init(a, b) == {"shop": {"sources": [1, 2], "data_patch": {"t": []}, "deep": {"x": 2, "keep": True}},
+                                "other": {"y": 1}}
+    assert a["shop"]["sources"] == [1]         # inputs untouched
+
+
+@pytest.mark.parametrize("body, message", [
+    ("    assert x.response == 'ok'\n", r"line 7: the test body has a statement of type Assert"),
+    ("    validate_database(x)\n    judge.custom_rubric_score(x)\n", r"line 8: the test body calls custom_rubric_score\(\)"),
+    ("    pass\n", r"never calls validate_database"),
+])
+def test_a_body_tbhpc_cannot_grade_natively_is_refused_with_its_line(tmp_path, body, message):
+    text = '"""!\nscenario: shop_support\n"""\n\ndef test_x(x, judge):\n    """!\n    query: hi\n    """\n' + body
+    text = text.replace('    """!\n    query: hi\n    """\n', '    """!query: hi"""\n')
+    path = tmp_path / "t.py"
+    path.write_text(text)
+    with pytest.raises(PackError, match=message) as err:
+        parse_test_file(path)
+    assert str(path) in str(err.value) and "test_x" in str(err.value)
+
+
+def test_yaml_and_key_errors_name_file_test_and_line(tmp_path):
+    path = tmp_path / "t.py"
+    path.write_text(textwrap.dedent('''\
+        def test_a(x, judge):
+            """!
+            query: [unclosed
+            """
+            validate_database(x)
+        '''))
+    with pytest.raises(PackError, match=r"t.py: task test_a: line \d+: malformed YAML docstring"):
+        parse_test_file(path)
+    path.write_text('def test_b(x, judge):\n    """!\n    querry: hi\n    """\n    validate_database(x)\n')
+    with pytest.raises(PackError, match=r"task test_b: field querry: line 2: unknown key 'querry'"):
+        parse_test_file(path)
+    path.write_text("def test_c(:\n")
+    with pytest.raises(PackError, match=r"line 1: not valid Python"):
+        parse_test_file(path)
+
+
+def test_scenario_errors_are_one_line_naming_the_field(tmp_path):
+    root = _dataset(tmp_path)
+    (root / "dataset/scenario/shop_support.yaml").write_text(SCENARIO.replace("is_end_turn: true", "is_end_trun: true"))
+    with pytest.raises(PackError, match=r"shop_support.yaml: field tools\[2\].is_end_trun: unknown field"):
+        TBDataset(root).tasks(["shop_support_group1.py:test_cancel"])
+    with pytest.raises(UserError, match="not a ThinkingBox data directory"):
+        TBDataset(tmp_path / "dataset" / "scenario")
