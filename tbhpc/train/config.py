@@ -29,7 +29,8 @@ class TrainConfig:
     model: str = ""                       # HF directory of the initial policy (tokenizer + chat template inside)
     pool: str = ""                        # the `select` output (pool.yaml), or any task-id list
     exclude: list[str] = field(default_factory=list)   # id lists that must not appear in the pool (e.g. the eval split)
-    pack: str | None = None               # task pack; None = the bundled pack
+    pack: str | None = None               # task pack, or tb:DIR (a ThinkingBox data checkout); None = the bundled pack
+    servers: str | None = None            # servers file for MCP tool servers (tb: packs)
     steps: int = 50
     seed: int = 0
     # the batch: B informative groups of G episodes per step

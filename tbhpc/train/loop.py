@@ -59,7 +59,10 @@ class Trainer:
         self.stop = threading.Event()
         from tbhpc.campaign.config import CampaignConfig, select_tasks
         pool = load_pool(cfg.pool, cfg.exclude)
-        tasks = select_tasks(CampaignConfig(pack=cfg.pack, tasks=cfg.pool, split="all"))
+        tasks = select_tasks(CampaignConfig(pack=cfg.pack, tasks=cfg.pool, split="all", servers=cfg.servers))
+        from tbhpc.env.registry import Environments, preflight
+        if self.rank0:
+            preflight(tasks, cfg.servers)
         self.run_path = Path(run_path).resolve()
         self.eng = Engine(cfg, self.env)
         if self.rank0:
@@ -68,7 +71,8 @@ class Trainer:
         from tbhpc.store.run_dir import RunDir
         self.run = RunDir(self.run_path).require()
         self.store = make_store(self.env.rank, self.env.world, self.env.master_addr, self.env.master_port + 1)
-        self.ctx = RolloutContext(pool, {t.id: t for t in tasks}, _domain, self._policy(), *_user_judge(cfg),
+        self.envs = Environments(cfg.servers)
+        self.ctx = RolloutContext(pool, {t.id: t for t in tasks}, self.envs.for_task, self._policy(), *_user_judge(cfg),
                                   group_size=cfg.group_size, seed=cfg.seed, max_reruns=cfg.max_reruns,
                                   episodes_in_flight=cfg.episodes_in_flight if cfg.generator != "local" else 1)
         self.tb = _tensorboard(self.run_path) if cfg.tensorboard and self.rank0 else None
@@ -318,11 +322,6 @@ def start_export_eval(cfg: TrainConfig, run_path: Path, step: int, export: Path)
     with open(log, "w") as fh:
         subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     return f"train: evaluating {export.name} in {out} ({'submitted' if os.environ.get('SLURM_JOB_ID') else 'local'}; log {log})"
-
-
-def _domain(name: str):
-    from tbhpc.domains import get_domain
-    return get_domain(name)
 
 
 def _user_judge(cfg: TrainConfig):

@@ -42,7 +42,7 @@ class RolloutContext:
     """Everything a rank needs to run episodes; built once per trainer process."""
     pool: list[str]
     tasks: dict                  # task id -> Task
-    domain_of: object            # callable: domain name -> Domain
+    env_of: object               # callable: Task -> Environment (built-in domain or MCP servers)
     policy: object               # TokenPolicy
     user: object
     judge: object
@@ -90,7 +90,7 @@ def _run_group(ctx: RolloutContext, episodes: ThreadPoolExecutor, queue: DrawQue
                expected_version: int, stop: threading.Event) -> GroupOutcome:
     t0 = time.monotonic()
     task = ctx.tasks[draw(ctx.pool, ctx.seed, step, index)]
-    domain = ctx.domain_of(task.domain)
+    domain = ctx.env_of(task)
     base = episode_seed(ctx.seed, step, index)
 
     def one(k: int) -> Rollout | None:
