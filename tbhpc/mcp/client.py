@@ -185,7 +185,7 @@ class ServerPool:
     def release(self, conn: ServerConnection, healthy: bool) -> None:
         with self._lock:
             if self.spec.reuse and healthy and conn.alive and len(self._idle) < self.spec.spare + 1:
-                self._idle.append(conn)
+                self._idle.appendleft(conn)     # warm and proven: taken before a freshly started one
                 return
         conn.close()
 
