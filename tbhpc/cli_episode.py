@@ -21,7 +21,7 @@ def run(args, policy_opts: dict) -> int:
         task = next((t for t in load_pack(pack) if t.id == args.task), None)
         if task is None:
             raise PackError(str(pack), "no such task", args.task, "id")
-    envs = Environments(args.servers)
+    envs = Environments(args.servers, announce=True)
     try:
         res = run_episode(task, envs.for_task(task), make_policy(args.policy, **policy_opts),
                           build_user(args), build_judge(args))

@@ -199,3 +199,31 @@ def test_training_rollouts_and_the_pool_guard_take_tb_tasks_unchanged(tmp_path, 
         whitelisted = get_domain(task.domain.removeprefix("tbhpc_")).scenario.tools
         assert all(name in prompt for name in whitelisted)       # the servers' tool schemas reached the prompt
         assert r.episode.loss_mask.sum() > 0 and len(r.episode.tokens) == len(r.episode.logprobs)
+
+
+def test_a_missing_policy_search_backend_is_said_once_and_recorded_per_attempt(tb, tmp_path):
+    root, originals, tasks, envs = tb
+    data = tmp_path / "data"
+    import shutil
+    shutil.copytree(root / "dataset", data / "dataset")
+    scenario = data / "dataset/scenario/tbhpc_retail.yaml"
+    doc = yaml.safe_load(scenario.read_text())
+    doc["world_state"]["retail"]["sources"] = [{"name": "returns.md", "snippets": ["Returns within 30 days."]}]
+    scenario.write_text(yaml.safe_dump(doc))
+    servers = yaml.safe_load((root / "servers.yaml").read_text())
+    servers["search"] = {"check": "http://127.0.0.1:9/health"}        # nothing listens on the discard port
+    (data / "servers.yaml").write_text(yaml.safe_dump(servers))
+    ids = [t.id for t in tasks if t.domain in ("tbhpc_retail", "tbhpc_neobank")]
+    (data / "list.yaml").write_text(yaml.safe_dump(ids))
+    out = subprocess.run([sys.executable, "-m", "tbhpc.cli", "eval", "--out", str(tmp_path / "run"), f"pack=tb:{data}",
+                          f"tasks={data / 'list.yaml'}", f"servers={data / 'servers.yaml'}", "workers=2"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stderr.count("does not answer: attempts run without policy search") == 1
+    assert "attempt(s) of 3 task(s) ran with env_degraded = 'no_policy_search'" in out.stderr
+    con = duckdb.connect(str(tmp_path / "run" / "results.duckdb"), read_only=True)
+    got = dict(con.execute("SELECT domain, list(DISTINCT coalesce(env_degraded, '-')) FROM attempts GROUP BY 1").fetchall())
+    passed = con.execute("SELECT bool_and(passed) FROM attempts").fetchone()[0]
+    con.close()
+    assert got == {"tbhpc_retail": ["no_policy_search"], "tbhpc_neobank": ["-"]}   # only tasks whose init had sources
+    assert passed

@@ -68,6 +68,16 @@ def _log(run: RunDir, line: str) -> None:
         f.write(f"{datetime.now(timezone.utc).isoformat(timespec='seconds')} {line}\n")
 
 
+def degraded(run: RunDir) -> list[tuple[str, int, int]]:
+    """(what was missing, attempts, tasks) over the run's attempts whose environment lacked something."""
+    con = connect(run, read_only=True)
+    try:
+        return con.execute("SELECT env_degraded, count(*), count(DISTINCT task_id) FROM attempts "
+                           "WHERE env_degraded IS NOT NULL GROUP BY 1 ORDER BY 1").fetchall()
+    finally:
+        con.close()
+
+
 def pending_keys(run: RunDir, rows: list[dict]) -> tuple[list[tuple[str, int]], int]:
     camp = run.campaign()
     con = connect(run, read_only=True)
@@ -111,6 +121,8 @@ def run_campaign(cfg: CampaignConfig, out: Path, executor: Executor | None = Non
     final = merge(run)
     for line in final.lines():
         console.print(f"[red]warning[/]: {line}")
+    for what, n, tasks in degraded(run):
+        console.print(f"[yellow]note[/]: {n} attempt(s) of {tasks} task(s) ran with env_degraded = {what!r}")
     remaining, _ = pending_keys(run, rows)
     result = CampaignResult(planned, planned - len(keys), counts["ok"] + counts["err"], counts["ok"], counts["err"],
                             len(remaining), final)

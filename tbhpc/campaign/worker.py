@@ -85,6 +85,7 @@ def attempt_row(res: EpisodeResult, campaign: str, policy_id: str, index: int, s
         "final_hash": (res.grade or {}).get("final_hash"), "golden_hash": (res.grade or {}).get("golden_hash"),
         "diff": json.dumps((res.grade or {}).get("diff")) if res.grade and res.grade.get("diff") else None,
         "final_message": res.final_message[:4000] or None,
+        "env_degraded": res.degraded or None,
     }
     names = {"in": "input_tokens", "cached": "cached_tokens", "out": "output_tokens", "reasoning": "reasoning_tokens"}
     for role in ROLES:

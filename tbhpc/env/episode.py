@@ -58,6 +58,7 @@ class EpisodeResult:
     error: str = ""
     error_kind: str = ""
     final_message: str = ""
+    degraded: str = ""               # what the environment lacked (e.g. no_policy_search); "" when complete
     grade: dict[str, Any] | None = None
     messages: list[dict] = field(default_factory=list)
 
@@ -87,6 +88,7 @@ def run_episode(task: Task, env: Environment, policy: Policy, user: UserSimulato
     session = None
     try:
         session = env.open(task, cfg.tool_timeout_s)
+        res.degraded = getattr(session, "degraded", "")
         turns = _Turns(task, policy.session(task, seed=seed), user.session(task), session, messages, res, usage,
                        cfg.max_agent_turns or env.max_agent_turns(task))
         res.finish_reason = turns.run()

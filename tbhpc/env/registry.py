@@ -7,6 +7,7 @@ the worker's warm pools shared across all scenarios that use the same server.
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from tbhpc.env.session import Environment
@@ -15,8 +16,8 @@ from tbhpc.tasks.schema import Task
 
 
 class Environments:
-    def __init__(self, servers_file: str | Path | None = None):
-        self.servers_file = servers_file
+    def __init__(self, servers_file: str | Path | None = None, announce: bool = False):
+        self.servers_file, self.announce = servers_file, announce   # announce: say what the environment lacks (once)
         self._specs = None
         self._pools: dict = {}
         self._datasets: dict = {}
@@ -39,16 +40,21 @@ class Environments:
         require_mcp()
         from tbhpc.mcp.client import ServerPool, register
         from tbhpc.mcp.env import MCPEnvironment
-        from tbhpc.mcp.servers import load_servers
+        from tbhpc.mcp.servers import load_servers, search_answers
         from tbhpc.tb.dataset import TBDataset
         if self.servers_file is None:
             raise UserError(f"scenario {scenario} runs on MCP tool servers: give a servers file (servers=FILE)")
         if self._specs is None:
             self._specs = load_servers(self.servers_file)
-            self._pools = {name: register(ServerPool(spec)) for name, spec in self._specs.items()}
+            self._pools = {name: register(ServerPool(spec)) for name, spec in self._specs.servers.items()}
+            self._no_search = bool(self._specs.search_check) and not search_answers(self._specs.search_check)
+            if self._no_search and self.announce:
+                print(f"tbhpc: the policy-search backend {self._specs.search_check} does not answer: attempts run "
+                      "without policy search (sources removed from init; recorded as env_degraded=no_policy_search)",
+                      file=sys.stderr, flush=True)
         if source not in self._datasets:
             self._datasets[source] = TBDataset(source)
-        return MCPEnvironment(self._datasets[source].scenario(scenario), self._pools)
+        return MCPEnvironment(self._datasets[source].scenario(scenario), self._pools, strip_sources=self._no_search)
 
     def close(self) -> None:
         for pool in self._pools.values():
@@ -65,7 +71,7 @@ def preflight(tasks: list[Task], servers_file: str | Path | None) -> None:
             firsts.setdefault((t.backend.get("source"), t.backend.get("scenario")), t)
     if not firsts:
         return
-    envs = Environments(servers_file)
+    envs = Environments(servers_file, announce=True)
     try:
         for task in firsts.values():
             envs.for_task(task).check(task)

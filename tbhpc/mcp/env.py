@@ -29,9 +29,10 @@ UNLIMITED_AGENT_TURNS = sys.maxsize    # the reference's default for max_agent_s
 
 
 class MCPEnvironment:
-    def __init__(self, scenario: TBScenario, pools: dict[str, ServerPool]):
+    def __init__(self, scenario: TBScenario, pools: dict[str, ServerPool], strip_sources: bool = False):
         self.scenario, self.pools = scenario, pools
         self.name = scenario.name
+        self.strip_sources = strip_sources     # the policy-search backend is down: run without `sources`
 
     def system_prompt(self, agent_prompt: str) -> str:
         return self.scenario.system_prompt(agent_prompt)
@@ -61,7 +62,11 @@ class MCPSession:
         self.env, self.task, self.timeout = env, task, tool_timeout_s
         self.conns: dict[str, ServerConnection] = {}
         self.healthy = True
+        self.degraded = ""
         configs = env.init_configs(task)
+        if env.strip_sources and any((c or {}).get("sources") for c in configs.values()):
+            configs = {s: {k: v for k, v in (c or {}).items() if k != "sources"} for s, c in configs.items()}
+            self.degraded = "no_policy_search"
         try:
             for server in configs:
                 self.conns[server] = env.pools[server].acquire()

@@ -10,6 +10,12 @@
         reuse: false                      # true: __reserved__init resets it; keep the process for the next attempt
         spare: 1                          # processes started ahead per worker
         startup_timeout_s: 60
+    search:                               # optional: the policy-search backend the servers' `sources` need
+      check: http://127.0.0.1:8108/health # any HTTP answer below 500 means it is up
+
+When `search.check` does not answer, attempts run without policy search: `sources` is removed
+from every server's init config, each worker says so once on stderr, and every such attempt is
+recorded with `env_degraded = 'no_policy_search'` (so a report can tell them apart).
 
 Why the same shape: a user points tbhpc at the servers file of their `thinkingbox-data`
 checkout unchanged; tbhpc's own fields are optional additions.
@@ -17,6 +23,7 @@ checkout unchanged; tbhpc's own fields are optional additions.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from tbhpc.errors import PackError, UserError
@@ -26,7 +33,13 @@ from tbhpc.tasks.loader import read_yaml
 _FIELDS = {"type", "command", "args", "env", "cwd", "reuse", "spare", "startup_timeout_s"}
 
 
-def load_servers(path: Path | str) -> dict[str, ServerSpec]:
+@dataclass(frozen=True)
+class ServersFile:
+    servers: dict[str, ServerSpec]
+    search_check: str | None = None
+
+
+def load_servers(path: Path | str) -> ServersFile:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: servers file not found")
@@ -34,7 +47,24 @@ def load_servers(path: Path | str) -> dict[str, ServerSpec]:
     if not isinstance(doc, dict) or not isinstance(doc.get("servers"), dict):
         raise PackError(str(path), "expected a mapping with `servers: {NAME: {command: [...]}}`")
     python = str(doc.get("python") or sys.executable)
-    return {str(name): _spec(path, str(name), raw, python) for name, raw in doc["servers"].items()}
+    search = doc.get("search") or {}
+    if not isinstance(search, dict) or set(search) - {"check"} or not isinstance(search.get("check", ""), str):
+        raise PackError(str(path), "expected {check: URL}", None, "search")
+    return ServersFile({str(name): _spec(path, str(name), raw, python) for name, raw in doc["servers"].items()},
+                       search.get("check"))
+
+
+def search_answers(url: str, timeout_s: float = 3.0) -> bool:
+    """Does the policy-search backend answer at all (any HTTP status below 500)?"""
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            return resp.status < 500
+    except urllib.error.HTTPError as exc:
+        return exc.code < 500
+    except (OSError, ValueError):
+        return False
 
 
 def _spec(path: Path, name: str, raw, python: str) -> ServerSpec:

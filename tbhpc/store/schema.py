@@ -24,6 +24,7 @@ ATTEMPT_COLUMNS: dict[str, str] = {
     "error": "VARCHAR", "error_kind": "VARCHAR", "final_hash": "VARCHAR", "golden_hash": "VARCHAR",
     "diff": "VARCHAR", "final_message": "VARCHAR",
     "train_step": "INTEGER", "policy_version": "VARCHAR",     # training rollouts only (NULL for probes and evals)
+    "env_degraded": "VARCHAR",     # what the environment lacked for this attempt (e.g. no_policy_search); NULL: nothing
     "shard": "VARCHAR",
 }
 SHARD_COLUMNS = {k: v for k, v in ATTEMPT_COLUMNS.items() if k != "shard"}  # `shard` is added at merge
@@ -40,6 +41,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     {", ".join(f"{c} {t}" for c, t in ATTEMPT_COLUMNS.items())});
 ALTER TABLE attempts ADD COLUMN IF NOT EXISTS train_step INTEGER;
 ALTER TABLE attempts ADD COLUMN IF NOT EXISTS policy_version VARCHAR;
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS env_degraded VARCHAR;
 CREATE TABLE IF NOT EXISTS merged_shards (shard VARCHAR PRIMARY KEY, rows INTEGER, merged_at TIMESTAMP);
 CREATE TABLE IF NOT EXISTS quarantined_shards (shard VARCHAR PRIMARY KEY, error VARCHAR, quarantined_at TIMESTAMP);
 CREATE OR REPLACE VIEW task_stats AS
