@@ -32,11 +32,18 @@ def build_parser() -> argparse.ArgumentParser:
         p = tsub.add_parser(name)
         if name == "show":
             p.add_argument("task_id")
-        p.add_argument("pack", nargs="?", default=None, help="pack file or directory (default: bundled pack)")
+        p.add_argument("pack", nargs="?", default=None, help="pack file or directory, or tb:DIR (default: bundled pack)")
         p.add_argument("--format", choices=("table", "json"), default="table")
+        if name == "validate":
+            p.add_argument("--servers", default=None, help="tb: sources: also start each scenario's servers and check its tools")
         if name == "list":
             p.add_argument("--domain")
             p.add_argument("--split", choices=("train", "eval"))
+    x = tsub.add_parser("export-tb", help="write built-in tasks as a ThinkingBox data dir served by `tbhpc mcp-serve`")
+    x.add_argument("--out", type=Path, required=True)
+    x.add_argument("pack", nargs="?", default=None, help="pack file or directory (default: bundled pack)")
+    x.add_argument("--domain", action="append", default=[], help="only these domains (repeatable)")
+    x.add_argument("--split", choices=("train", "eval", "all"), default="all")
     g = tsub.add_parser("generate", help="regenerate the bundled pack from templates")
     g.add_argument("--out", type=Path, required=True)
     g.add_argument("--seed", type=int, default=None)

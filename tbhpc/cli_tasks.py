@@ -18,8 +18,20 @@ def run(args) -> int:
         counts = write_pack(args.out, args.seed if args.seed is not None else DEFAULT_SEED)
         print(f"wrote {sum(counts.values())} tasks to {args.out}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
         return 0
-    pack = Path(args.pack) if args.pack else default_pack_dir()
-    tasks = load_pack(pack)
+    if args.tasks_cmd == "export-tb":
+        from tbhpc.tb.export import write_dataset
+        tasks = [t for t in load_pack(Path(args.pack) if args.pack else default_pack_dir())
+                 if (not args.domain or t.domain in args.domain) and args.split in ("all", t.split)]
+        if not tasks:
+            raise PackError(str(args.pack or default_pack_dir()), "no task matches --domain/--split")
+        out = write_dataset(tasks, args.out)
+        print(f"wrote {len(tasks)} tasks to {out}: run them with pack=tb:{out} tasks={out / 'testlist.yaml'} "
+              f"servers={out / 'servers.yaml'}")
+        return 0
+    from tbhpc.tb.dataset import TBDataset, is_tb_source
+    tb = is_tb_source(args.pack)
+    pack = args.pack if tb else Path(args.pack) if args.pack else default_pack_dir()
+    tasks = TBDataset(pack).tasks() if tb else load_pack(pack)
     if args.tasks_cmd == "list":
         rows = [t for t in tasks if (not args.domain or t.domain == args.domain) and (not args.split or t.split == args.split)]
         if args.format == "json":
@@ -39,6 +51,14 @@ def run(args) -> int:
         print(json.dumps(d, indent=1) if args.format == "json" else yaml.safe_dump(d, sort_keys=False, allow_unicode=True))
         return 0
     # validate
+    if tb:   # every test file parsed (never run); with --servers, every scenario's servers start and offer its tools
+        if getattr(args, "servers", None):
+            from tbhpc.env.registry import preflight
+            preflight(tasks, args.servers)
+        scenarios = sorted({t.domain for t in tasks})
+        msg = f"OK: {len(tasks)} tasks in {len(scenarios)} scenario(s)" + ("" if args.servers else " (servers not checked: --servers FILE)")
+        print(json.dumps({"ok": True, "tasks": len(tasks)}) if args.format == "json" else msg)
+        return 0
     from tbhpc.domains import catalogs
     validate_tasks(tasks, catalogs({t.domain for t in tasks}))
     excl = pack / "eval_ids.txt" if pack.is_dir() else None

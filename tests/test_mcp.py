@@ -227,3 +227,18 @@ def test_a_missing_policy_search_backend_is_said_once_and_recorded_per_attempt(t
     con.close()
     assert got == {"tbhpc_retail": ["no_policy_search"], "tbhpc_neobank": ["-"]}   # only tasks whose init had sources
     assert passed
+
+
+def test_export_tb_then_validate_with_servers_from_the_command_line(tmp_path):
+    cli = [sys.executable, "-m", "tbhpc.cli", "tasks"]
+    out = subprocess.run(cli + ["export-tb", "--out", str(tmp_path / "x"), "--domain", "insurance", "--split", "eval"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "wrote 26 tasks" in out.stdout, out.stderr
+    ok = subprocess.run(cli + ["validate", f"tb:{tmp_path / 'x'}", "--servers", str(tmp_path / "x" / "servers.yaml")],
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and ok.stdout.startswith("OK: 26 tasks in 1 scenario(s)"), ok.stderr
+    servers = tmp_path / "x" / "servers.yaml"
+    servers.write_text(servers.read_text().replace("--domain\n    - insurance", "--domain\n    - retail"))
+    bad = subprocess.run(cli + ["validate", f"tb:{tmp_path / 'x'}", "--servers", str(servers)],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "is whitelisted but none of the scenario's servers (insurance) offers it" in bad.stderr
