@@ -5,6 +5,8 @@ YAML, test-case .py files, a servers file). Every server is a real subprocess sp
 stdin/stdout; nothing is faked.
 """
 import dataclasses
+import os
+import signal
 import json
 import subprocess
 import sys
@@ -242,3 +244,48 @@ def test_export_tb_then_validate_with_servers_from_the_command_line(tmp_path):
     bad = subprocess.run(cli + ["validate", f"tb:{tmp_path / 'x'}", "--servers", str(servers)],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "is whitelisted but none of the scenario's servers (insurance) offers it" in bad.stderr
+
+
+class _KillServersMidEpisode:
+    """The oracle, except that before its second completion it SIGKILLs this process's tool servers
+    (what a crashing server looks like from the client: the pipe closes mid-episode)."""
+
+    name = "oracle-that-kills"
+
+    def session(self, task, seed=0):
+        inner = OraclePolicy().session(task, seed)
+        calls = iter(range(1000))
+
+        class S:
+            def complete(self, messages, tools):
+                if next(calls) == 1:
+                    for pid in _server_pids():
+                        os.kill(pid, signal.SIGKILL)
+                return inner.complete(messages, tools)
+        return S()
+
+
+def _server_pids() -> list[int]:
+    me, out = os.getpid(), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmd = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == me and b"mcp-serve" in cmd:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_a_server_that_dies_mid_episode_is_a_system_error_and_the_next_attempt_recovers(tb):
+    root, originals, tasks, envs = tb
+    task = next(t for t in tasks if len(t.golden_calls) >= 3)
+    fresh = Environments(root / "servers.yaml")
+    try:
+        dead = run_episode(task, fresh.for_task(task), _KillServersMidEpisode(), ScriptedUser(), KeywordJudge())
+        assert (dead.status, dead.reward, dead.error_kind) == ("system_error", None, "tool_server"), dead.error
+        again = run_episode(task, fresh.for_task(task), OraclePolicy(), ScriptedUser(), KeywordJudge())
+        assert (again.status, again.reward) == ("ok", 1.0), again.error     # a dead process is never handed out again
+    finally:
+        fresh.close()

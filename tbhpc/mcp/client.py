@@ -171,15 +171,23 @@ class ServerPool:
         self.tools: list | None = None      # the server's tool list (static per command), listed once
 
     def acquire(self) -> ServerConnection:
+        """A ready process: a started-ahead one, or a new one if none is idle or the idle one died."""
         with self._lock:
             conn = self._idle.popleft() if self._idle else None
-            while conn is not None and conn.ready_s is not None and not conn.alive:  # died while idle
+            while conn is not None and conn.failure is not None:      # died while idle
                 conn = self._idle.popleft() if self._idle else None
+            spare = conn is not None
             if conn is None:
                 conn = self._start()
             while len(self._idle) < self.spec.spare:
                 self._idle.append(self._start())
-        conn.wait_ready()
+        try:
+            conn.wait_ready()
+        except ToolServerError:
+            if not spare:
+                raise
+            conn = self._start()          # the started-ahead process failed (killed, out of memory): one cold retry
+            conn.wait_ready()
         return conn
 
     def release(self, conn: ServerConnection, healthy: bool) -> None:
