@@ -164,3 +164,31 @@ def test_scenario_errors_are_one_line_naming_the_field(tmp_path):
         TBDataset(root).tasks(["shop_support_group1.py:test_cancel"])
     with pytest.raises(UserError, match="not a ThinkingBox data directory"):
         TBDataset(tmp_path / "dataset" / "scenario")
+
+
+def test_server_schemas_are_shown_plain_refs_inlined_titles_stripped():
+    from tbhpc.mcp.env import plain_schema
+    pydantic_like = {
+        "title": "CancelRequest", "type": "object",
+        "$defs": {"Reason": {"title": "Reason", "type": "string", "enum": ["changed_mind", "damaged"]},
+                  "Item": {"title": "Item", "type": "object", "properties": {"sku": {"title": "Sku", "type": "string"}}}},
+        "properties": {
+            "title": {"title": "Title", "type": "string"},                 # a property named title stays
+            "reason": {"$ref": "#/$defs/Reason", "description": "why"},
+            "items": {"title": "Items", "type": "array", "items": {"$ref": "#/$defs/Item"}},
+            "note": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None, "title": "Note"},
+        },
+        "required": ["reason"],
+    }
+    assert plain_schema(pydantic_like) == {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string"},
+            "reason": {"type": "string", "enum": ["changed_mind", "damaged"], "description": "why"},
+            "items": {"type": "array", "items": {"type": "object", "properties": {"sku": {"type": "string"}}}},
+            "note": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
+        },
+        "required": ["reason"],
+    }
+    looped = {"$defs": {"Node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}}}, "$ref": "#/$defs/Node"}
+    assert plain_schema(looped) == {"type": "object", "properties": {"next": {}}}   # a recursive ref stops, never loops

@@ -95,7 +95,7 @@ class MCPSession:
                 raise UserError(f"{self.env.scenario.file}: tool {st.name!r} is whitelisted but none of the scenario's "
                                 f"servers ({', '.join(self.conns)}) offers it")
             server, tool = offered[st.name]
-            params = copy.deepcopy(tool.input_schema or {"type": "object", "properties": {}})
+            params = plain_schema(tool.input_schema or {"type": "object", "properties": {}})
             for arg, text in st.arg_descriptions:
                 if isinstance(params.get("properties", {}).get(arg), dict):
                     params["properties"][arg]["description"] = text
@@ -152,6 +152,36 @@ class MCPSession:
                     healthy = False
             self.env.pools[server].release(conn, healthy)
         self.conns = {}
+
+
+def plain_schema(schema: dict) -> dict:
+    """A tool's input schema as the agent should see it (what the reference proxy does): every
+    `$ref` into `$defs` inlined, `$defs` dropped, and pydantic's `title` keywords stripped (a
+    property that happens to be *named* title is kept)."""
+    defs = schema.get("$defs") or schema.get("definitions") or {}
+
+    def walk(node: Any, seen: tuple = ()) -> Any:
+        if isinstance(node, list):
+            return [walk(x, seen) for x in node]
+        if not isinstance(node, dict):
+            return node
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.split("/")[-1] in defs:
+            rest = {k: v for k, v in node.items() if k != "$ref"}
+            if ref in seen:               # a recursive type: shown as "anything" below the first level
+                return walk(rest, seen)
+            return walk({**defs[ref.split("/")[-1]], **rest}, seen + (ref,))
+        out = {}
+        for key, value in node.items():
+            if key in ("$defs", "definitions", "title"):
+                continue
+            if key == "properties" and isinstance(value, dict):
+                out[key] = {name: walk(sub, seen) for name, sub in value.items()}
+            else:
+                out[key] = walk(value, seen)
+        return out
+
+    return walk(copy.deepcopy(schema))
 
 
 def _json(text: str) -> Any:
