@@ -36,7 +36,7 @@ $(SMOLLM2)/config.json: $(STAMP)
 # and a real vLLM (CPU) server that its tests start and stop by PID (tests/test_vllm.py).
 test: env env-vllm $(WARM)/config.json
 	TBHPC_REQUIRE_VLLM=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python NODES=$(NODES) STATE=$(SLURM_STATE) \
-	  bash slurm/local/with-cluster.sh $(VPY) -m pytest -q --durations=30
+	  bash slurm/local/with-cluster.sh $(VPY) -m pytest -q -n 2 --dist loadgroup --durations=30
 
 # `make demo`: the published recipe on this machine with the demo model (committed warm start
 # models/demo-warm) -> probe -> select -> GRPO -> eval -> Table 1 in runs/demo/report.

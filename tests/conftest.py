@@ -111,10 +111,38 @@ def warm_dir(tmp_path_factory):
     return out
 
 
+# Test files that use the local Slurm cluster run one after another on one xdist worker (`make
+# test` runs `pytest -n 2 --dist loadgroup`): their jobs must not compete for the cluster's slots
+# (fair-share and preemption tests read its queue). Every other file is a group of its own, so
+# module fixtures (a vLLM server, the shrunken demo) start once.
+CLUSTER_FILES = {"test_slurm.py", "test_make_train.py", "test_train_run.py", "test_vllm.py", "test_serve.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group("cluster" if name in CLUSTER_FILES else name))
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput") and "TBHPC_MACHINE_NOTES" not in os.environ:   # the controller
+        import tempfile
+        fd, path = tempfile.mkstemp(prefix="tbhpc-notes-", suffix=".txt")
+        os.close(fd)
+        os.environ["TBHPC_MACHINE_NOTES"] = path
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        Path(os.environ.get("TBHPC_MACHINE_NOTES", "/nonexistent")).unlink(missing_ok=True)
+
+
 def pytest_terminal_summary(terminalreporter):
     """Printed at the end of every run (even with -q): the CPU class, and what tests that depend
     on it recorded (the vLLM kernel paths), so a log from another machine says which one it was."""
     from helpers import MACHINE_NOTES, cpu_class
     terminalreporter.write_line(f"machine: {cpu_class()}")
-    for note in dict.fromkeys(MACHINE_NOTES):
+    path = Path(os.environ.get("TBHPC_MACHINE_NOTES", "/nonexistent"))
+    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else list(MACHINE_NOTES)
+    for note in dict.fromkeys(lines):
         terminalreporter.write_line(f"machine: {note}")

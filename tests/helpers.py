@@ -1,9 +1,24 @@
 """Small helpers shared by test modules (pytest puts tests/ on sys.path)."""
+import os
 from pathlib import Path
 
 import duckdb
 
-MACHINE_NOTES: list[str] = []      # lines tests add for the run's closing summary (conftest.py)
+
+class _Notes(list):
+    """Lines tests add for the run's closing summary (conftest.py). Under pytest-xdist the tests
+    run in worker processes: each line is also appended to the file the controller names in
+    TBHPC_MACHINE_NOTES, which its summary reads."""
+
+    def append(self, line: str) -> None:
+        super().append(line)
+        path = os.environ.get("TBHPC_MACHINE_NOTES")
+        if path:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(line.replace("\n", " ") + "\n")
+
+
+MACHINE_NOTES: list[str] = _Notes()
 
 
 def attempt_rows(run: Path) -> list[tuple]:

@@ -248,18 +248,23 @@ def test_export_tb_then_validate_with_servers_from_the_command_line(tmp_path):
 
 class _KillServersMidEpisode:
     """The oracle, except that before its second completion it SIGKILLs this process's tool servers
-    (what a crashing server looks like from the client: the pipe closes mid-episode)."""
+    started since `spared` was taken (what a crashing server looks like from the client: the pipe
+    closes mid-episode); other tests' servers are left alone."""
 
     name = "oracle-that-kills"
+
+    def __init__(self):
+        self.spared = set(_server_pids())
 
     def session(self, task, seed=0):
         inner = OraclePolicy().session(task, seed)
         calls = iter(range(1000))
+        killer = self
 
         class S:
             def complete(self, messages, tools):
                 if next(calls) == 1:
-                    for pid in _server_pids():
+                    for pid in set(_server_pids()) - killer.spared:
                         os.kill(pid, signal.SIGKILL)
                 return inner.complete(messages, tools)
         return S()
@@ -281,9 +286,10 @@ def _server_pids() -> list[int]:
 def test_a_server_that_dies_mid_episode_is_a_system_error_and_the_next_attempt_recovers(tb):
     root, originals, tasks, envs = tb
     task = next(t for t in tasks if len(t.golden_calls) >= 3)
+    killer = _KillServersMidEpisode()
     fresh = Environments(root / "servers.yaml")
     try:
-        dead = run_episode(task, fresh.for_task(task), _KillServersMidEpisode(), ScriptedUser(), KeywordJudge())
+        dead = run_episode(task, fresh.for_task(task), killer, ScriptedUser(), KeywordJudge())
         assert (dead.status, dead.reward, dead.error_kind) == ("system_error", None, "tool_server"), dead.error
         again = run_episode(task, fresh.for_task(task), OraclePolicy(), ScriptedUser(), KeywordJudge())
         assert (again.status, again.reward) == ("ok", 1.0), again.error     # a dead process is never handed out again

@@ -113,6 +113,9 @@ class ServerConnection:
         except Exception as exc:
             raise ToolServerError(f"tool server {self.spec.name}: failed to start{self._stderr_tail()}", exc) from None
 
+    def ping(self, timeout_s: float = 10.0) -> None:
+        self._wait(self._request(lambda s: s.send_ping()), "ping", timeout_s)
+
     def list_tools(self, timeout_s: float = 30.0) -> list:
         return self._wait(self._request(lambda s: s.list_tools()), "list_tools", timeout_s).tools
 
@@ -183,10 +186,13 @@ class ServerPool:
                 self._idle.append(self._start())
         try:
             conn.wait_ready()
+            if spare:
+                conn.ping()               # an idle process may have died unnoticed (killed, out of memory)
         except ToolServerError:
             if not spare:
                 raise
-            conn = self._start()          # the started-ahead process failed (killed, out of memory): one cold retry
+            conn.close()
+            conn = self._start()          # the started-ahead process is gone: one cold retry
             conn.wait_ready()
         return conn
 

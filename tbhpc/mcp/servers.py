@@ -40,7 +40,7 @@ class ServersFile:
 
 
 def load_servers(path: Path | str) -> ServersFile:
-    path = Path(path)
+    path = Path(path).expanduser()
     if not path.is_file():
         raise UserError(f"{path}: servers file not found")
     doc = read_yaml(path)

@@ -76,7 +76,7 @@ def read_id_list(path: Path | str) -> list[str]:
     """Task ids from a YAML list (a ThinkingBox test list), a pool file ({tasks: [...]}) or a text
     file with one id per line (blank lines and # comments ignored)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).expanduser().read_text(encoding="utf-8")
     except OSError as exc:
         raise UserError(f"{path}: cannot read task list: {exc.strerror or exc}") from None
     try:

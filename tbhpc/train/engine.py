@@ -41,11 +41,31 @@ class DistEnv:
             rank, world, local = int(e["SLURM_PROCID"]), int(e["SLURM_NTASKS"]), int(e.get("SLURM_LOCALID", 0))
         else:
             rank, world, local = int(e.get("RANK", 0)), int(e.get("WORLD_SIZE", 1)), int(e.get("LOCAL_RANK", 0))
-        return cls(rank, world, local, e.get("MASTER_ADDR", "127.0.0.1"), int(e.get("MASTER_PORT", 29500)))
+        if "MASTER_PORT" in e:
+            port = int(e["MASTER_PORT"])
+        else:   # one process on its own: any free pair (two local runs on one machine must not collide)
+            port = free_port_pair() if world == 1 else 29500
+        return cls(rank, world, local, e.get("MASTER_ADDR", "127.0.0.1"), port)
 
     def export(self) -> None:
         os.environ.update({"RANK": str(self.rank), "WORLD_SIZE": str(self.world), "LOCAL_RANK": str(self.local_rank),
                            "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)})
+
+
+def free_port_pair() -> int:
+    """A port p with p and p + 1 free on this host (the rendezvous and the draw queue's store)."""
+    import random
+    import socket
+    for _ in range(200):
+        port = random.randint(20000, 59000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    return 29500
 
 
 def use_gpu() -> bool:
