@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd in ("probe", "eval", "merge", "validate", "submit", "status"):
             from tbhpc import cli_campaign
             return cli_campaign.run(args)
-        if args.cmd in ("agg", "select", "report", "import-tb"):
+        if args.cmd in ("agg", "select", "report", "import-tb", "show", "sql", "export"):
             from tbhpc import cli_results
             return cli_results.run(args)
         if args.cmd == "serve":

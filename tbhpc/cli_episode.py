@@ -30,21 +30,10 @@ def run(args, policy_opts: dict) -> int:
     if args.format == "json":
         print(json.dumps(res.to_dict(), indent=1, ensure_ascii=False))
         return 0
-    for m in res.messages:
-        role = m["role"].upper()
-        if m.get("reasoning"):
-            print(f"[{role} reasoning] {m['reasoning']}")
-        if m.get("content"):
-            print(f"[{role}] {m['content']}")
-        for c in m.get("tool_calls", []):
-            print(f"[{role} -> {c['function']['name']}] {c['function']['arguments']}")
-    print(f"\ntask {res.task_id}: status={res.status} finish={res.finish_reason} reward={res.reward}")
-    if res.error:
-        print(f"error: {res.error}")
-    for line in (res.grade or {}).get("diff", []):
-        print(f"  diff: {line}")
-    for miss in (res.grade or {}).get("output_missing", []):
-        print(f"  missing in final message: {miss!r}")
-    for r in (res.grade or {}).get("rubrics", []):
-        print(f"  rubric {'YES' if r['yes'] else 'NO '}: {r['question']}")
+    from tbhpc.report.transcript import render_messages, render_outcome
+    row = {**(res.grade or {}), "task_id": res.task_id, "attempt_index": 0, "status": res.status,
+           "finish_reason": res.finish_reason, "reward": res.reward, "error": res.error, "error_kind": res.error_kind,
+           "env_degraded": res.degraded}
+    print("\n".join(render_messages(res.messages, show_system=True) + [""] +
+                    render_outcome(row, (res.grade or {}).get("rubrics"))))
     return 0

@@ -24,6 +24,23 @@ def add_parsers(sub) -> None:
     a.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates over tasks (0 = off)")
     a.add_argument("--allow-incomplete", action="store_true")
 
+    w = sub.add_parser("show", help="one attempt of a run: its transcript, tool calls, outputs and grade")
+    w.add_argument("run", type=Path)
+    w.add_argument("task_id")
+    w.add_argument("--attempt", type=int, help="attempt index (default: the task's first failed attempt, else its first)")
+    w.add_argument("--policy", help="policy id, when the run holds several (training runs: one per weight version)")
+    w.add_argument("--system", action="store_true", help="also print the system prompt")
+    w.add_argument("--format", choices=("text", "json"), default="text")
+
+    q = sub.add_parser("sql", help="SQL over every run under a folder (union views with a `run` column)")
+    q.add_argument("args", nargs="+", metavar="[ROOT] QUERY", help="ROOT defaults to runs/ (or . if there is none)")
+    q.add_argument("--format", choices=("table", "csv", "json"), default="table")
+    q.add_argument("--wait", type=float, default=10.0, help="seconds to wait for a run whose merge is writing")
+
+    x = sub.add_parser("export", help="a run's tables as Parquet files (pandas, polars, Spark)")
+    x.add_argument("run", type=Path)
+    x.add_argument("--parquet", type=Path, required=True, metavar="DIR")
+
     i = sub.add_parser("import-tb", help="import ThinkingBox `tb infer` JSONL results into a run directory")
     i.add_argument("files", type=Path, nargs="+")
     i.add_argument("--out", type=Path, required=True)
@@ -96,6 +113,18 @@ def run(args) -> int:
                                 load_prices(args.prices) if args.prices else None, args.bootstrap)
         print(f"wrote {md} and {page}")
         return 0
+    if args.cmd == "show":
+        return _show(args)
+    if args.cmd == "sql":
+        return _sql(args)
+    if args.cmd == "export":
+        from tbhpc.store.catalogue import export_parquet
+        run = RunDir(args.run).require()
+        if not run.db.exists():
+            raise UserError(f"{args.run}: no results.duckdb yet (run `tbhpc merge {args.run}`)")
+        files = export_parquet(run.db, args.parquet)
+        print(f"wrote {len(files)} Parquet files to {args.parquet}: {', '.join(p.stem for p in files)}")
+        return 0
     if args.cmd == "import-tb":
         from tbhpc.campaign.validate import validate as check
         from tbhpc.store.import_tb import import_files
@@ -105,6 +134,59 @@ def run(args) -> int:
               f"{len(val.system_errors)} system error(s)")
         return 0
     raise UserError(f"unknown command {args.cmd}")
+
+
+def _show(args) -> int:
+    import json
+    from tbhpc.report.transcript import render_messages, render_outcome
+    from tbhpc.store.transcripts import read_attempt
+    run = RunDir(args.run).require()
+    if not run.db.exists():
+        raise UserError(f"{args.run}: no results.duckdb yet (run `tbhpc merge {args.run}`)")
+    row = read_attempt(run.db, args.task_id, args.attempt, args.policy)
+    if args.format == "json":
+        print(json.dumps(row, indent=1, ensure_ascii=False, default=str))
+        return 0
+    tr = row["transcript"]
+    head = [f"{args.run} · {row['campaign']} · policy {row['policy_id']}"
+            + (f" (+{row['other_policies']} other policies: --policy)" if row["other_policies"] else "")]
+    body = render_messages(tr["messages"], args.system) if tr else ["(no transcript stored for this attempt: "
+                                                                    "a run made before transcripts, or an import)"]
+    print("\n".join(head + [""] + body + [""] + render_outcome(row, tr["judge"] if tr else None)))
+    return 0
+
+
+def _sql(args) -> int:
+    import csv
+    import json
+    import sys
+    from tbhpc.store.catalogue import Catalogue
+    if len(args.args) > 2:
+        raise UserError("sql: expected [ROOT] QUERY (quote the query)")
+    root = Path(args.args[0]) if len(args.args) == 2 else (Path("runs") if Path("runs").is_dir() else Path("."))
+    cat = Catalogue(root, wait_s=args.wait)
+    try:
+        cur = cat.sql(args.args[-1])
+        names = [d[0] for d in cur.description] if cur.description else []
+        rows = cur.fetchall() if names else []
+    finally:
+        cat.close()
+    for line in cat.skipped:
+        print(f"tbhpc: left out (being written): {line}", file=sys.stderr)
+    if args.format == "json":
+        print(json.dumps([dict(zip(names, r)) for r in rows], indent=1, default=str, ensure_ascii=False))
+    elif args.format == "csv":
+        w = csv.writer(sys.stdout)
+        w.writerow(names)
+        w.writerows(rows)
+    else:
+        from rich.table import Table
+        table = Table(*names)
+        for r in rows:
+            table.add_row(*["" if v is None else str(v) for v in r])
+        Console().print(table)
+        print(f"{len(rows)} row(s) from {len(cat.attached)} run(s) under {root}")
+    return 0
 
 
 def _select(args) -> int:

@@ -19,7 +19,7 @@ from tbhpc.tasks.loader import default_pack_dir, load_pack, pack_files, read_id_
 from tbhpc.tasks.schema import Task
 from tbhpc.tb.dataset import TBDataset, is_tb_source
 
-EXECUTION_FIELDS = ("workers", "chunk_size", "concurrency", "slurm")
+EXECUTION_FIELDS = ("workers", "chunk_size", "concurrency", "slurm", "transcripts")
 KINDS = ("probe", "eval")
 
 
@@ -48,6 +48,7 @@ class CampaignConfig:
     concurrency: int = 1               # episodes in flight per worker (threads; a batched generator serves them together;
                                        # the `hf` policy seeds torch's global RNG per call and is not meant for > 1)
     chunk_size: int = 8                # attempts per shard (execution only)
+    transcripts: bool = True           # store each attempt's conversation (attempts.transcript; execution only)
     slurm: dict[str, Any] = field(default_factory=dict)  # SlurmOptions fields (execution only)
 
     def __post_init__(self) -> None:

@@ -22,6 +22,7 @@ from tbhpc.store.run_dir import RunDir
 from tbhpc.tasks.loader import parse_task
 from tbhpc.store.schema import ROLES
 from tbhpc.store.shards import write_shard
+from tbhpc.store.transcripts import compact
 
 Key = tuple[str, int]  # (task_id, attempt_index); campaign and policy id are the run's
 
@@ -68,10 +69,12 @@ class Worker:
         started = datetime.now(timezone.utc)
         res = run_episode(task, self.envs.for_task(task), self.policy, self.user, self.judge,
                           seed=attempt_seed(self.cfg.seed, task_id, index))
-        return attempt_row(res, self.campaign["campaign"], self.campaign["policy_id"], index, started)
+        return attempt_row(res, self.campaign["campaign"], self.campaign["policy_id"], index, started,
+                           self.run.blobs if self.cfg.transcripts else None, self.cfg.transcripts)
 
 
-def attempt_row(res: EpisodeResult, campaign: str, policy_id: str, index: int, started: datetime) -> dict:
+def attempt_row(res: EpisodeResult, campaign: str, policy_id: str, index: int, started: datetime,
+                blob_dir: Path | None = None, transcript: bool = True) -> dict:
     row = {
         "campaign": campaign, "task_id": res.task_id, "attempt_index": index, "policy_id": policy_id,
         "domain": res.domain, "reward": res.reward, "passed": res.passed, "status": res.status,
@@ -86,6 +89,8 @@ def attempt_row(res: EpisodeResult, campaign: str, policy_id: str, index: int, s
         "diff": json.dumps((res.grade or {}).get("diff")) if res.grade and res.grade.get("diff") else None,
         "final_message": res.final_message[:4000] or None,
         "env_degraded": res.degraded or None,
+        "transcript": compact(res.messages, res.tools, res.finish_reason, (res.grade or {}).get("rubrics") or [], blob_dir)
+                      if transcript else None,
     }
     names = {"in": "input_tokens", "cached": "cached_tokens", "out": "output_tokens", "reasoning": "reasoning_tokens"}
     for role in ROLES:

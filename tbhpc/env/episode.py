@@ -61,11 +61,13 @@ class EpisodeResult:
     degraded: str = ""               # what the environment lacked (e.g. no_policy_search); "" when complete
     grade: dict[str, Any] | None = None
     messages: list[dict] = field(default_factory=list)
+    tools: list[dict] = field(default_factory=list)     # the tool schemas the agent was shown
 
     def to_dict(self, with_messages: bool = True) -> dict:
         d = dict(self.__dict__)
         if not with_messages:
             d.pop("messages")
+            d.pop("tools")
         return d
 
 
@@ -91,6 +93,7 @@ def run_episode(task: Task, env: Environment, policy: Policy, user: UserSimulato
         res.degraded = getattr(session, "degraded", "")
         turns = _Turns(task, policy.session(task, seed=seed), user.session(task), session, messages, res, usage,
                        cfg.max_agent_turns or env.max_agent_turns(task))
+        res.tools = turns.tools
         res.finish_reason = turns.run()
         res.final_message = _final_message(messages)
         g: Grade = grade(task, session.check_state(), res.final_message, judge, usage["judge"])

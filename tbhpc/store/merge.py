@@ -79,6 +79,7 @@ def merge(run: RunDir) -> MergeReport:
         con = connect(run)
         try:
             _load_metadata(con, run)
+            _load_blobs(con, run)
             done = {r[0] for r in con.execute("SELECT shard FROM merged_shards").fetchall()}
             new = [p for p in list_shards(run.shards) if p.name not in done]
             report.new_shards = len(new)
@@ -94,6 +95,16 @@ def merge(run: RunDir) -> MergeReport:
         finally:
             con.close()
     return report
+
+
+def _load_blobs(con, run: RunDir) -> None:
+    """Transcript parts written since the last merge (a workers writes its blobs before its shard)."""
+    have = {r[0] for r in con.execute("SELECT ref FROM blobs").fetchall()}
+    new = [p for p in sorted(run.blobs.glob("*.json")) if not p.name.startswith(".") and p.stem not in have]
+    if new:
+        names = "[" + ", ".join(_quote(str(p)) for p in new) + "]"
+        con.execute(f"INSERT OR IGNORE INTO blobs SELECT regexp_extract(filename, '([^/]+)[.]json$', 1), content "
+                    f"FROM read_text({names})")
 
 
 def _direct(con, files: list[Path]) -> bool:

@@ -6,6 +6,7 @@
       plan.jsonl       the planned tasks (metadata + repeats), one per line
       tasks.json       the planned tasks in full: what every worker runs, even if the pack changes later
       shards/          attempt shards (JSONL, atomic); shards/quarantine/ holds corrupt ones
+      blobs/           transcript parts shared by many attempts, by content hash (loaded into `blobs`)
       results.duckdb   the merged store (written only by the merge step)
       logs/
 """
@@ -51,6 +52,11 @@ class RunDir:
     @property
     def shards(self) -> Path:
         return self.path / "shards"
+
+    @property
+    def blobs(self) -> Path:
+        """Content-addressed transcript parts (system prompts, tool schemas): tbhpc.store.transcripts."""
+        return self.path / "blobs"
 
     @property
     def quarantine(self) -> Path:

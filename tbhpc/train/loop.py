@@ -206,7 +206,7 @@ class Trainer:
             for k, r in enumerate(g.rollouts):
                 version = version_of(r.episode.policy_version)
                 started = datetime.now(timezone.utc)
-                row = attempt_row(r.result, self.cfg.name, version, g.index * self.cfg.group_size + k, started)
+                row = attempt_row(r.result, self.cfg.name, version, g.index * self.cfg.group_size + k, started, self.run.blobs)
                 row.update(train_step=step, policy_version=version)
                 rows.append(row)
                 eps.extend(r.samples)

@@ -1,0 +1,87 @@
+"""`tbhpc sql`: one catalogue over every run under a folder; `tbhpc export --parquet`."""
+import json
+import subprocess
+import sys
+import time
+
+import duckdb
+import pytest
+
+from tbhpc.campaign.config import CampaignConfig
+from tbhpc.campaign.runner import run_campaign
+from tbhpc.errors import UserError
+from tbhpc.store.catalogue import Catalogue
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    run_campaign(CampaignConfig(name="a", split="eval", limit=6, repeats=2), root / "oracle")
+    run_campaign(CampaignConfig(name="b", split="eval", limit=6, repeats=2, policy="noop"), root / "sweep" / "noop")
+    return root
+
+
+def test_union_views_carry_the_run_and_see_runs_added_later(runs, tmp_path):
+    cat = Catalogue(runs)
+    rows = cat.sql("SELECT run, count(*), sum(reward) FROM attempts GROUP BY run ORDER BY run").fetchall()
+    assert rows == [("oracle", 12, 12.0), ("sweep/noop", 12, 0.0)]
+    assert cat.sql("SELECT count(*) FROM campaigns").fetchone()[0] == 2
+    assert cat.sql("SELECT count(DISTINCT run) FROM task_stats").fetchone()[0] == 2
+    run_campaign(CampaignConfig(name="c", split="eval", limit=3, repeats=1), runs / "late")
+    assert cat.sql("SELECT count(DISTINCT run) FROM attempts").fetchone()[0] == 3     # same catalogue, new run seen
+    cat.close()
+
+
+def test_a_run_being_written_is_waited_for_then_left_out_and_said(runs, tmp_path):
+    import shutil
+    root = tmp_path / "root"
+    shutil.copytree(runs / "oracle", root / "busy")
+    shutil.copytree(runs / "sweep" / "noop", root / "free")
+    holder = subprocess.Popen([sys.executable, "-c", "import duckdb, sys, time; c = duckdb.connect(sys.argv[1]); "
+                               "c.execute('SELECT 1'); print('held', flush=True); time.sleep(6)",
+                               str(root / "busy" / "results.duckdb")], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"          # a writer (like a merge) holds the file
+    cat = Catalogue(root, wait_s=1.0)
+    t0 = time.monotonic()
+    assert cat.sql("SELECT DISTINCT run FROM attempts").fetchall() == [("free",)]
+    assert 1.0 <= time.monotonic() - t0 < 5.0 and len(cat.skipped) == 1 and cat.skipped[0].startswith("busy:")
+    holder.wait(timeout=30)
+    assert sorted(r[0] for r in cat.sql("SELECT DISTINCT run FROM attempts").fetchall()) == ["busy", "free"]
+    cat.close()
+
+
+def test_runs_of_an_older_schema_join_with_nulls(runs, tmp_path):
+    old = tmp_path / "old" / "results.duckdb"
+    old.parent.mkdir()
+    con = duckdb.connect(str(old))
+    con.execute("CREATE TABLE attempts (campaign VARCHAR, task_id VARCHAR, attempt_index INTEGER, policy_id VARCHAR, "
+                "reward DOUBLE, status VARCHAR)")
+    con.execute("INSERT INTO attempts VALUES ('x', 't1', 0, 'p', 1.0, 'ok')")
+    con.close()
+    import shutil
+    shutil.copytree(runs / "oracle", tmp_path / "new")
+    cat = Catalogue(tmp_path)
+    rows = cat.sql("SELECT run, count(*), count(transcript), count(env_degraded) FROM attempts GROUP BY run ORDER BY run").fetchall()
+    assert rows == [("new", 12, 12, 0), ("old", 1, 0, 0)]
+    with pytest.raises(UserError, match="sql: .*no_such_table"):
+        cat.sql("SELECT * FROM no_such_table")
+    cat.close()
+
+
+def test_sql_and_export_from_the_command_line(runs, tmp_path):
+    cli = [sys.executable, "-m", "tbhpc.cli"]
+    out = subprocess.run(cli + ["sql", str(runs), "SELECT run, avg(reward) AS p FROM attempts GROUP BY run ORDER BY run",
+                                "--format", "json"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = {r["run"]: r["p"] for r in json.loads(out.stdout)}
+    assert got["oracle"] == 1.0 and got["sweep/noop"] == 0.0
+    csv_out = subprocess.run(cli + ["sql", str(runs), "SELECT count(*) AS n FROM attempts WHERE run = 'oracle'", "--format", "csv"],
+                             capture_output=True, text=True, timeout=60)
+    assert csv_out.stdout.splitlines() == ["n", "12"]
+    exp = subprocess.run(cli + ["export", str(runs / "oracle"), "--parquet", str(tmp_path / "pq")], capture_output=True, text=True)
+    assert exp.returncode == 0, exp.stderr
+    con = duckdb.connect()
+    assert con.execute(f"SELECT count(*), count(transcript) FROM read_parquet('{tmp_path / 'pq' / 'attempts.parquet'}')").fetchone() == (12, 12)
+    assert con.execute(f"SELECT count(*) FROM read_parquet('{tmp_path / 'pq' / 'task_stats.parquet'}')").fetchone() == (6,)
+    bad = subprocess.run(cli + ["sql", str(tmp_path / "nowhere"), "SELECT 1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such folder" in bad.stderr
