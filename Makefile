@@ -4,13 +4,17 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: env env-vllm model-smollm2 test demo bench clean tasks slurm-up slurm-down train warmstart warmstart-demo
+.PHONY: browser env env-vllm model-smollm2 test demo bench clean tasks slurm-up slurm-down train warmstart warmstart-demo
 
 NODES   ?= 3
 WARM    := build/models/tiny-warm
 SLURM_STATE ?= /tmp/tbhpc-slurm
 
 env: $(STAMP)
+
+# Debian's chromium + chromedriver for the failure-browser test (apt, idempotent).
+browser:
+	bash env/setup-browser.sh
 
 # The serving environment (vLLM, its own pins): see env/setup-vllm.sh.
 VLLM_VENV  ?= .venv-vllm
@@ -34,8 +38,8 @@ $(SMOLLM2)/config.json: $(STAMP)
 
 # The suite runs against a real 3-node Slurm cluster that this target starts and stops by PID,
 # and a real vLLM (CPU) server that its tests start and stop by PID (tests/test_vllm.py).
-test: env env-vllm $(WARM)/config.json
-	TBHPC_REQUIRE_VLLM=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python NODES=$(NODES) STATE=$(SLURM_STATE) \
+test: env env-vllm browser $(WARM)/config.json
+	TBHPC_REQUIRE_VLLM=1 TBHPC_REQUIRE_BROWSER=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python NODES=$(NODES) STATE=$(SLURM_STATE) \
 	  bash slurm/local/with-cluster.sh $(VPY) -m pytest -q -n 2 --dist loadgroup --durations=30
 
 # `make demo`: the published recipe on this machine with the demo model (committed warm start

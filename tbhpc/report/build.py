@@ -36,7 +36,13 @@ def build_report(counts: Counts, out: Path, kind: str, other: Counts | None = No
     md = "\n".join(parts) + "\n"
     md_path, html_path = out / "report.md", out / "report.html"
     md_path.write_text(md, encoding="utf-8")
-    html_path.write_text(markdown_to_html(md, f"Campaign report: {counts.campaign}"), encoding="utf-8")
+    from tbhpc.report.browser import write_browser
+    write_browser(out, Path(counts.run) / "results.duckdb", _label(counts),
+                  Path(other.run) / "results.duckdb" if other else None, _label(other) if other else None)
+    link = ("<p><a href='failures.html'>Failure browser</a>: every task, sortable, with its attempts' transcripts "
+            "and state diffs" + (" side by side" if other else "") + ".</p>")
+    html_path.write_text(markdown_to_html(md, f"Campaign report: {counts.campaign}").replace("<body>\n", "<body>\n" + link, 1),
+                         encoding="utf-8")
     return md_path, html_path
 
 
