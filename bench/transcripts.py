@@ -44,9 +44,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     args = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="tbhpc-transcripts-"))
-    off = measure(root / "off", False, args.repeats)
-    on = measure(root / "on", True, args.repeats)
-    t = Table(title=f"transcripts: {on['n']} oracle attempts (134 eval tasks x {args.repeats}), one worker")
+    measure(root / "warm", True, 1)                               # imports, templates, golden caches
+    rounds = [(measure(root / f"off{i}", False, args.repeats), measure(root / f"on{i}", True, args.repeats)) for i in range(2)]
+    off = max((r[0] for r in rounds), key=lambda m: m["rate"])    # the faster of two alternated rounds each
+    on = max((r[1] for r in rounds), key=lambda m: m["rate"])
+    t = Table(title=f"transcripts: {on['n']} oracle attempts (134 eval tasks x {args.repeats}), one worker, "
+                    "best of two alternated rounds")
     for col in ("", "transcripts off", "transcripts on", "on / off"):
         t.add_column(col, justify="right" if col else "left")
     t.add_row("attempts / s", f"{off['rate']:.0f}", f"{on['rate']:.0f}", f"{on['rate'] / off['rate']:.2f}")

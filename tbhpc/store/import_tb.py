@@ -31,7 +31,7 @@ from pathlib import Path
 import duckdb
 
 from tbhpc.errors import UserError
-from tbhpc.store.merge import MergeReport, insert_campaign
+from tbhpc.store.merge import WRITE_CONFIG, MergeReport, insert_campaign
 from tbhpc.store.run_dir import RunDir
 from tbhpc.store.schema import DDL, ROLES, SHARD_COLUMNS
 
@@ -168,7 +168,7 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
     work = Path(tempfile.mkdtemp(prefix=".tmp-import-", dir=Path(out).parent))
     try:
         db = work / "results.duckdb"
-        con = duckdb.connect(str(db))
+        con = duckdb.connect(str(db), config=WRITE_CONFIG)
         try:
             con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
             con.execute(f"SET temp_directory = {_quote(str(work / 'spill'))}")
