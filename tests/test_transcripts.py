@@ -92,3 +92,21 @@ def test_read_attempt_of_a_run_without_transcripts_says_so(tmp_path):
     assert row["transcript"] is None and row["attempt_index"] == 0
     with pytest.raises(UserError, match="no attempt of task 'u'"):
         read_attempt(run.db, "u")
+
+
+def test_many_threads_writing_the_same_blob_at_once_all_succeed(tmp_path):
+    """Episodes in flight share a process: their first attempts of a domain write the same blob
+    together (a shared temporary name lost the race 16 times in 20 here)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    value = {"tools": ["x" * 2_000_000]}
+    for trial in range(10):
+        start = threading.Barrier(8)
+        folder = tmp_path / str(trial)
+
+        def write(_):
+            start.wait()
+            return put_blob(folder, value)
+        with ThreadPoolExecutor(8) as pool:
+            refs = set(pool.map(write, range(8)))
+        assert len(refs) == 1 and [p.name for p in folder.iterdir()] == [f"{refs.pop()}.json"]

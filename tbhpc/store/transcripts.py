@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,9 +39,9 @@ def put_blob(blob_dir: Path, value: Any) -> str:
     path = Path(blob_dir) / f"{ref}.json"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".tmp-{os.getpid()}-{ref}.json")
+        tmp = path.with_name(f".tmp-{uuid.uuid4().hex}-{ref}.json")   # unique per writer: threads share a pid
         tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        os.replace(tmp, path)                                          # same name, same bytes: the last rename wins
     return ref
 
 
