@@ -63,6 +63,7 @@ bench: env env-vllm model-smollm2 $(WARM)/config.json
 	$(VPY) bench/episode_overhead.py
 	$(VPY) bench/results_scale.py
 	$(VPY) bench/mcp_overhead.py
+	$(VPY) bench/transcripts.py
 	$(VPY) bench/buffer_size.py
 	NODES=$(NODES) STATE=$(SLURM_STATE) bash slurm/local/with-cluster.sh $(VPY) bench/fanout.py
 	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/serve_throughput.py
