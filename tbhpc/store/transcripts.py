@@ -111,7 +111,8 @@ def read_attempt(db: Path, task_id: str, attempt: int | None = None, policy: str
         text = row.pop("transcript", None)
         blobs = {}
         if text:
-            refs = [r for r in (json.loads(text).get("system"), json.loads(text).get("tools")) if r]
+            doc = json.loads(text)
+            refs = [r for r in (doc.get("system"), doc.get("tools")) if r]
             if refs:
                 blobs = dict(con.execute(f"SELECT ref, content FROM blobs WHERE ref IN ({', '.join('?' * len(refs))})",
                                          refs).fetchall())
