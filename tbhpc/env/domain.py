@@ -54,6 +54,12 @@ class Domain:
         return {n: self.all_tools[n] for n in self.scenario.tools}
 
     @cached_property
+    def tool_schemas(self) -> list[dict]:
+        """The whitelisted tools' OpenAI schemas: one list object for every attempt (transcripts
+        store it once by reference)."""
+        return [t.openai_schema for t in self.tools.values()]
+
+    @cached_property
     def template(self) -> bytes:
         return build_template(self.all_tables.values(), self.seed, manual_index_setup(self.scenario.manual))
 

@@ -23,7 +23,7 @@ class LocalSession:
         self.box = domain.toolbox(self.backend, tool_timeout_s)
 
     def schemas(self) -> list[dict]:
-        return self.box.schemas()
+        return self.domain.tool_schemas
 
     def parameter_schemas(self) -> dict[str, dict]:
         return self.box.parameter_schemas()

@@ -33,10 +33,22 @@ def blob_ref(value: Any) -> tuple[str, str]:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16], text
 
 
+_KNOWN: dict[tuple[int, str], tuple[Any, str]] = {}   # (id(value), dir) -> (value, ref): a value object seen before
+
+
 def put_blob(blob_dir: Path, value: Any) -> str:
-    """Write `value` once under its content hash; returns the reference."""
+    """Write `value` once under its content hash; returns the reference. The same object (a
+    domain's tool list is one list for every attempt) is hashed and checked on disk only once per
+    process; the entry holds the object, so its id cannot be reused by another while cached."""
+    key = (id(value), str(blob_dir))
+    hit = _KNOWN.get(key)
+    if hit is not None and hit[0] is value:
+        return hit[1]
     ref, text = blob_ref(value)
     path = Path(blob_dir) / f"{ref}.json"
+    if len(_KNOWN) > 1024:
+        _KNOWN.clear()
+    _KNOWN[key] = (value, ref)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".tmp-{uuid.uuid4().hex}-{ref}.json")   # unique per writer: threads share a pid
