@@ -33,6 +33,7 @@ class MCPEnvironment:
         self.scenario, self.pools = scenario, pools
         self.name = scenario.name
         self.strip_sources = strip_sources     # the policy-search backend is down: run without `sources`
+        self.end_turn = frozenset(st.name for st in scenario.tools if st.end_turn)
 
     def system_prompt(self, agent_prompt: str) -> str:
         return self.scenario.system_prompt(agent_prompt)
@@ -121,9 +122,8 @@ class MCPSession:
         except ToolServerError:
             self.healthy = False
             raise
-        end = any(st.end_turn for st in self.env.scenario.tools if st.name == name)
         ok = not is_error and not _is_error_output(text)
-        return ToolResult(name, text, ok, end, time.monotonic() - start)
+        return ToolResult(name, text, ok, name in self.env.end_turn, time.monotonic() - start)
 
     def check_state(self) -> StateCheck:
         finals, goldens, diff = [], [], []
