@@ -77,6 +77,20 @@ def test_a_sabotaged_trajectory_fails_with_the_same_diff_as_in_process(tb):
     assert mcp.grade["golden_hash"] == local.grade["golden_hash"]
 
 
+def test_an_end_turn_tool_ends_the_episode_as_in_process(tb):
+    """The scenario's `is_end_turn` (written by export-tb for the domain's transfer_to_human)."""
+    from tbhpc.tasks.schema import GoldenCall
+    root, originals, tasks, envs = tb
+    orig, task = originals[0], tasks[0]
+    customer = next(iter(orig.data_patch["customers"]))["id"]
+    handoff = OraclePolicy(calls=lambda t: [GoldenCall("transfer_to_human", {
+        "customer_id": customer, "reason": "customer_request", "summary": "wants a person"})])
+    mcp = run_episode(task, envs.for_task(task), handoff, ScriptedUser(), KeywordJudge())
+    local = run_episode(orig, get_domain(orig.domain), handoff, ScriptedUser(), KeywordJudge())
+    assert mcp.finish_reason == local.finish_reason == "end_turn_tool"
+    assert mcp.grade["final_hash"] == local.grade["final_hash"] and mcp.reward == local.reward == 0.0
+
+
 def test_rubrics_are_judged_natively_on_the_final_message(tb):
     root, originals, tasks, envs = tb
     orig, task = originals[-1], tasks[-1]

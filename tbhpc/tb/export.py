@@ -28,9 +28,10 @@ def scenario_name(domain: str) -> str:
 
 def render_scenario(domain: str) -> str:
     from tbhpc.domains import get_domain
-    sc = get_domain(domain).scenario
+    dom = get_domain(domain)
+    sc = dom.scenario
     doc = {"world_state": {domain: {"sources": None}},
-           "tools": [{"name": n} for n in sc.tools],
+           "tools": [{"name": n, **({"is_end_turn": True} if dom.tools[n].end_turn else {})} for n in sc.tools],
            "bot_instructions": sc.instructions}
     return _dump(doc)
 
