@@ -111,13 +111,15 @@ def warm_dir(tmp_path_factory):
     return out
 
 
-# Test files that use the local Slurm cluster run one after another on one xdist worker (`make
-# test` runs `pytest -n 2 --dist loadgroup`): their jobs must not compete for the cluster's slots
-# (fair-share and preemption tests read its queue). Every other file is a group of its own, so
-# module fixtures (a vLLM server, the shrunken demo) start once.
-CLUSTER_FILES = {"test_slurm.py", "test_make_train.py", "test_train_run.py", "test_vllm.py", "test_serve.py"}
+# `make test` runs `pytest -n 2 --dist loadgroup`. Every test file is a group of its own, so its
+# module fixtures (a vLLM server, the shrunken demo) start once; the files whose tests read the
+# local Slurm cluster's queue (fair share, preemption, requeue, the 3-node training job) share one
+# group and run one after another on one worker, so their jobs never compete for its slots.
+# tryfirst: the marks must exist before xdist's own hook turns them into scheduling groups.
+CLUSTER_FILES = {"test_slurm.py", "test_make_train.py", "test_train_run.py"}
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = item.path.name
