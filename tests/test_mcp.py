@@ -23,7 +23,7 @@ from tbhpc.env.registry import Environments
 from tbhpc.env.users import ScriptedUser
 from tbhpc.errors import UserError
 from tbhpc.mcp.client import ServerConnection, ServerSpec
-from tbhpc.policy.scripted import NoopPolicy, OraclePolicy
+from tbhpc.policy.scripted import OraclePolicy
 from tbhpc.tb.dataset import TBDataset
 from tbhpc.tb.export import write_dataset
 

@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from tbhpc.errors import UserError
 from tbhpc.tasks.loader import default_pack_dir, load_pack, pack_files, read_id_list as read_task_ids
