@@ -141,3 +141,71 @@ def test_a_null_result_is_a_system_error_on_either_reader(tmp_path, usage, reade
     got = duckdb.connect(str(run.db), read_only=True).execute(
         "SELECT attempt_index, status, passed, agent_in FROM attempts ORDER BY 1").fetchall()
     assert rep.reader == reader and got == [(0, "system_error", None, 3), (1, "ok", True, 3)]
+
+
+def reference_conversation(query: str, answer: str) -> list[dict]:
+    """A reference-harness conversation with every message type (thinkingbox.common.chat_types)."""
+    call = {"T": "ToolCall", "name": "get_order", "arguments": {"order_id": "O-1", "full": True}, "id": "call_1",
+            "metadata": {}}
+    return [{"T": "Text", "role": "system", "content": "You are a support agent.", "metadata": {}},
+            {"T": "Text", "role": "system", "content": "Retail policy: refunds within 30 days.", "metadata": {}},
+            {"T": "Text", "role": "user", "content": query, "metadata": {}},
+            {"T": "Text", "role": "assistant", "content": "I should look the order up.", "metadata": {"tag": "think"}},
+            {"T": "ParallelToolCall", "tool_calls": [call, {**call, "id": "call_2", "name": "bad", "arguments": {},
+                                                            "metadata": {"error": "unknown tool bad"}}], "metadata": {}},
+            {"T": "ToolResponse", "name": "get_order", "content": '{"status": "delivered"}', "id": "call_1", "metadata": {}},
+            {"T": "ToolCall", "name": "refund", "arguments": {"order_id": "O-1"}, "id": "call_3", "metadata": {}},
+            {"T": "ToolResponse", "name": "refund", "content": "refunded", "id": "call_3",
+             "metadata": {"direct_response": "Your refund is on its way."}},
+            {"T": "Text", "role": "assistant", "content": "", "metadata": {"is_dummy": True}},
+            {"T": "Text", "role": "assistant", "content": answer, "metadata": {}}]
+
+
+@pytest.mark.parametrize("usage, reader", [([{"input_tokens": 3}], "typed"), ({"input_tokens": 3}, "lenient")])
+def test_reference_conversations_become_transcripts_shown_by_show(tmp_path, usage, reader):
+    import duckdb
+
+    from tbhpc.store.transcripts import read_attempt
+    tools = [{"name": "get_order", "description": "Look an order up", "input_schema": {"type": "object"}}]
+    judged = {"judge_motivation": [{"question": "Did it confirm the refund?", "answer": False, "motivation": "no"}]}
+    rows = [{"uid": "r.py:t1", "messages": reference_conversation("Refund O-1", "Done <DONE>"), "tools": tools,
+             "test_result": {"result": True}, "usage": usage},
+            {"uid": "r.py:t1", "messages": reference_conversation("Refund O-1 please", "Sorry"), "tools": tools,
+             "finish_reason": "user_limit", "usage": usage,
+             "test_result": {"result": False, "metadata": judged,
+                             "tb": "Traceback ...\nAssertionError: orders.O-1.status: 'delivered' != 'refunded'"}},
+            {"uid": "r.py:t2", "messages": [], "test_result": {"result": True}, "usage": usage}]
+    f = tmp_path / "r.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run, rep = import_files([f], tmp_path / "imp")
+    assert rep.reader == reader
+    con = duckdb.connect(str(run.db), read_only=True)
+    assert con.execute("SELECT count(*) FROM blobs").fetchone()[0] == 2      # one system prompt, one tool list
+    con.close()
+    failed = read_attempt(run.db, "r.py:t1")            # the default: the first failed attempt
+    assert failed["attempt_index"] == 1 and failed["finish_reason"] == "user_limit"
+    assert json.loads(failed["diff"]) == [rows[1]["test_result"]["tb"]]
+    tr = failed["transcript"]
+    assert tr["finish"] == "user_limit"
+    assert tr["judge"] == [{"question": "Did it confirm the refund?", "yes": False, "motivation": "no"}]
+    assert tr["tools"] == [{"type": "function", "function": {"name": "get_order", "description": "Look an order up",
+                                                             "parameters": {"type": "object"}}}]
+    m = tr["messages"]
+    assert [x["role"] for x in m] == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant", "assistant"]
+    assert m[0]["content"] == "You are a support agent.\n\nRetail policy: refunds within 30 days."
+    assert m[1]["content"] == "Refund O-1 please"
+    assert m[2]["reasoning"] == "I should look the order up."
+    assert [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in m[2]["tool_calls"]] == \
+        [("call_1", "get_order", {"order_id": "O-1", "full": True}), ("call_2", "bad", {})]
+    assert m[2]["tool_calls"][1]["error"] == "unknown tool bad"
+    assert m[3] == {"role": "tool", "tool_call_id": "call_1", "name": "get_order", "content": '{"status": "delivered"}'}
+    assert m[6]["content"] == "Your refund is on its way." and m[7]["content"] == "Sorry"
+    assert read_attempt(run.db, "r.py:t1", 0)["transcript"]["messages"][-1]["content"] == "Done <DONE>"
+    assert read_attempt(run.db, "r.py:t2")["transcript"] is None          # no messages: no transcript
+    shown = subprocess.run([sys.executable, "-m", "tbhpc.cli", "show", str(run.path), "r.py:t1"],
+                           capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    for text in ("[USER] Refund O-1 please", "[ASSISTANT reasoning] I should look the order up.",
+                 '[ASSISTANT -> get_order] {"order_id": "O-1", "full": true}', "[TOOL refund] refunded",
+                 "rubric NO : Did it confirm the refund?", "'delivered' != 'refunded'"):
+        assert text in shown.stdout, text

@@ -56,3 +56,41 @@ def test_a_corrupt_shard_in_a_first_merge_is_quarantined_and_the_rest_lands(tmp_
     rep = merge(run)
     assert [name for name, _ in rep.quarantined] == ["b.jsonl"] and (run.quarantine / "b.jsonl").exists()
     assert _rows(run) == [("t0", 0, "ok", True), ("t1", 0, "ok", True)]
+
+
+def test_running_out_of_memory_stops_the_merge_and_quarantines_nothing(tmp_path, monkeypatch):
+    import pytest
+
+    import tbhpc.store.merge as merge_module
+    from tbhpc.errors import InfraError
+    run = _run(tmp_path)
+    write_shard(run.shards, [_row(f"t{i % 3}", i) for i in range(200)], name="a.jsonl")
+    monkeypatch.setattr(merge_module, "MERGE_MEMORY", "1MB")      # less than one JSON read buffer
+    with pytest.raises(InfraError, match="nothing was merged or quarantined.*Out of Memory"):
+        merge(run)
+    assert (run.shards / "a.jsonl").exists() and not run.quarantine.exists()
+    monkeypatch.undo()
+    rep = merge(run)
+    assert rep.rows == 200 and not rep.quarantined
+
+
+def test_a_row_longer_than_a_shard_line_keeps_all_but_its_messages(tmp_path, monkeypatch):
+    import json
+
+    import tbhpc.store.shards as shards
+    from tbhpc.store.transcripts import compact, read_attempt
+    monkeypatch.setattr(shards, "MAX_SHARD_LINE", 4096)
+    run = _run(tmp_path)
+    long = compact([{"role": "system", "content": "s"}, {"role": "user", "content": "x" * 5000}], [], "done",
+                   [{"question": "q", "yes": True}], None)
+    short = compact([{"role": "user", "content": "hello"}], [], "done", [], None)
+    write_shard(run.shards, [{**_row("t0", 0), "transcript": long}, {**_row("t1", 0), "transcript": short}])
+    assert max(len(line) for line in next(run.shards.glob("*.jsonl")).read_text().splitlines()) <= 4096
+    merge(run)
+    kept = read_attempt(run.db, "t0", 0)
+    assert kept["status"] == "ok" and kept["passed"] is True
+    assert kept["transcript"]["finish"] == "done" and kept["transcript"]["judge"] == [{"question": "q", "yes": True}]
+    note = kept["transcript"]["messages"]
+    assert [m["role"] for m in note] == ["system", "note"] and "1 message (" in note[1]["content"]
+    assert "4,096 bytes" in note[1]["content"]
+    assert read_attempt(run.db, "t1", 0)["transcript"]["messages"] == json.loads(short)["messages"]

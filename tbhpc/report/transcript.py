@@ -26,7 +26,8 @@ def render_messages(messages: list[dict], show_system: bool = False) -> list[str
             lines.append(f"[{role}] {_cut(m['content'])}")
         for c in m.get("tool_calls") or []:
             fn = c.get("function", {})
-            lines.append(f"[{role} -> {fn.get('name', '?')}] {_cut(fn.get('arguments', ''))}")
+            error = f"  (not run: {c['error']})" if c.get("error") else ""
+            lines.append(f"[{role} -> {fn.get('name', '?')}] {_cut(fn.get('arguments', ''))}{error}")
     return lines
 
 

@@ -6,7 +6,10 @@ system_error when `is_system_error` or `test_result.is_system_error` is true, or
 test result or no (or a null) `test_result.result`;
 passed = `test_result.result`; reward = `test_result.reward`, else 1/0 by passed; usage[] summed
 into agent tokens (input, cached, output, reasoning); domain = `metadata.scenario`, else the file
-part of the uid; error = metadata.error, test_result.error or error.
+part of the uid; error = metadata.error, test_result.error or error; diff = the failed test's
+traceback tail (validate_database puts the state diff there); transcript = `messages` with the
+system messages and `tools` by reference in `blobs`, plus the judge's verdicts (see
+tbhpc.store.tb_transcripts).
 
 Why SQL, not Python: real result files carry whole transcripts (`messages`) and run to
 gigabytes. DuckDB's JSON reader streams them with only the named fields materialised, so an
@@ -30,10 +33,12 @@ from pathlib import Path
 
 import duckdb
 
-from tbhpc.errors import UserError
+from tbhpc.errors import InfraError, UserError
 from tbhpc.store.merge import WRITE_CONFIG, MergeReport, insert_campaign
 from tbhpc.store.run_dir import RunDir
 from tbhpc.store.schema import DDL, ROLES, SHARD_COLUMNS
+from tbhpc.store.sqltext import literal, literal_list
+from tbhpc.store.tb_transcripts import blobs_query, transcript_column, with_parts
 
 MEMORY_LIMIT = "128MB"     # DuckDB's own budget; spills to the temp directory beyond it
 BAD = "!malformed"         # shard value of a row that failed the field checks (never lands: the import stops)
@@ -43,12 +48,13 @@ MAX_LINE_BYTES = 16 << 20  # the longest result line read (DuckDB's JSON buffers
 _USAGE_T = ("STRUCT(input_tokens BIGINT, input_tokens_details STRUCT(cached_tokens BIGINT), output_tokens BIGINT, "
             "output_tokens_details STRUCT(reasoning_tokens BIGINT))")
 _TYPED = {"uid": "VARCHAR", "finish_reason": "VARCHAR", "is_system_error": "BOOLEAN",
-          "test_result": "STRUCT(result BOOLEAN, is_system_error BOOLEAN, reward DOUBLE, error VARCHAR)",
-          "usage": f"{_USAGE_T}[]", "metadata": "STRUCT(scenario VARCHAR, error VARCHAR)", "error": "VARCHAR"}
+          "test_result": "STRUCT(result BOOLEAN, is_system_error BOOLEAN, reward DOUBLE, error VARCHAR, tb VARCHAR, metadata JSON)",
+          "usage": f"{_USAGE_T}[]", "metadata": "STRUCT(scenario VARCHAR, error VARCHAR)", "error": "VARCHAR",
+          "messages": "JSON", "tools": "JSON"}
 # Anything the typed read refuses (usage as one object, a number for a boolean, ...) is read as
 # JSON and converted with Python's truthiness instead (the lenient path, ~2x slower).
 _LENIENT = {"uid": "VARCHAR", "finish_reason": "VARCHAR", "is_system_error": "JSON", "test_result": "JSON",
-            "usage": "JSON", "metadata": "JSON", "error": "VARCHAR"}
+            "usage": "JSON", "metadata": "JSON", "error": "VARCHAR", "messages": "JSON", "tools": "JSON"}
 _TOKENS = {"in": "x.input_tokens", "cached": "x.input_tokens_details.cached_tokens", "out": "x.output_tokens",
            "reasoning": "x.output_tokens_details.reasoning_tokens"}
 
@@ -58,20 +64,16 @@ class ImportReport(MergeReport):
     reader: str = "typed"      # typed: the reference's field types; lenient: JSON values, Python truthiness
 
 
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def _truthy(expr: str) -> str:
     """Python truthiness of a JSON value (null, false, 0, "" and empty containers are false)."""
-    return (f"CASE json_type({expr}) WHEN 'BOOLEAN' THEN ({expr})::BOOLEAN WHEN 'NULL' THEN false "
+    return (f"coalesce(CASE json_type({expr}) WHEN 'BOOLEAN' THEN ({expr})::BOOLEAN WHEN 'NULL' THEN false "
             f"WHEN 'VARCHAR' THEN ({expr} ->> '$') <> '' WHEN 'ARRAY' THEN ({expr})::VARCHAR <> '[]' "
-            f"WHEN 'OBJECT' THEN ({expr})::VARCHAR <> '{{}}' WHEN NULL THEN false "
-            f"ELSE try_cast({expr} ->> '$' AS DOUBLE) <> 0 END")
+            f"WHEN 'OBJECT' THEN ({expr})::VARCHAR <> '{{}}' "
+            f"ELSE try_cast({expr} ->> '$' AS DOUBLE) <> 0 END, false)")    # an absent field is false too
 
 
 def _read(files: list[Path], columns: dict[str, str]) -> str:
-    names = "[" + ", ".join(_quote(str(f)) for f in files) + "]"
+    names = literal_list(files)
     cols = "{" + ", ".join(f"'{k}': '{v}'" for k, v in columns.items()) + "}"
     return (f"SELECT ordinality AS line_order, * FROM read_json({names}, format='newline_delimited', columns={cols}, "
             f"maximum_object_size={MAX_LINE_BYTES}) WITH ORDINALITY")
@@ -83,7 +85,8 @@ def _tokens(usage: str) -> str:
 
 
 def _typed(files: list[Path]) -> str:
-    """Per line: task_id, finish_reason, sys, ok_result, reward_value, t_*, scenario, err, bad_fields."""
+    """Per line: task_id, finish_reason, sys, ok_result, reward_value, t_*, scenario, err, bad_fields,
+    and for the transcript: messages, tools, judge (JSON) and tb (the failed test's traceback)."""
     return f"""
         SELECT line_order, uid AS task_id, finish_reason,
                (coalesce(is_system_error, false) OR coalesce(test_result.is_system_error, false)
@@ -91,13 +94,13 @@ def _typed(files: list[Path]) -> str:
                coalesce(test_result.result, false) AS ok_result, test_result.reward AS reward_value, {_tokens('usage')},
                metadata.scenario AS scenario,
                coalesce(nullif(metadata.error, ''), nullif(test_result.error, ''), nullif(error, '')) AS err,
-               false AS bad_fields
+               false AS bad_fields, messages, tools, test_result.metadata -> 'judge_motivation' AS judge, test_result.tb AS tb
         FROM ({_read(files, _TYPED)})"""
 
 
 def _lenient(files: list[Path]) -> str:
     """The same columns from JSON values, each parsed once (json_transform)."""
-    tr = '{"result": "JSON", "is_system_error": "JSON", "reward": "JSON", "error": "VARCHAR"}'
+    tr = '{"result": "JSON", "is_system_error": "JSON", "reward": "JSON", "error": "VARCHAR", "tb": "VARCHAR", "metadata": "JSON"}'
     usage = ('[{"input_tokens": "BIGINT", "input_tokens_details": {"cached_tokens": "BIGINT"}, "output_tokens": "BIGINT", '
              '"output_tokens_details": {"reasoning_tokens": "BIGINT"}}]')
     return f"""
@@ -106,8 +109,9 @@ def _lenient(files: list[Path]) -> str:
                 OR tr.result IS NULL) AS sys,
                {_truthy('tr.result')} AS ok_result, try_cast(tr.reward ->> '$' AS DOUBLE) AS reward_value, {_tokens('us')},
                md.scenario AS scenario, coalesce(nullif(md.error, ''), nullif(tr.error, ''), nullif(top_error, '')) AS err,
-               (tr_type NOT IN ('OBJECT', 'NULL') OR us_type NOT IN ('ARRAY', 'OBJECT', 'NULL')) AS bad_fields
-        FROM (SELECT line_order, uid AS task_id, finish_reason, is_system_error, error AS top_error,
+               (tr_type NOT IN ('OBJECT', 'NULL') OR us_type NOT IN ('ARRAY', 'OBJECT', 'NULL')) AS bad_fields,
+               messages, tools, tr.metadata -> 'judge_motivation' AS judge, tr.tb AS tb
+        FROM (SELECT line_order, uid AS task_id, finish_reason, is_system_error, error AS top_error, messages, tools,
                      json_type(test_result) AS tr_type,
                      json_transform(test_result, '{tr}') AS tr, json_type(usage) AS us_type,
                      json_transform(CASE json_type(usage) WHEN 'OBJECT' THEN json_array(usage) ELSE usage END, '{usage}') AS us,
@@ -120,16 +124,18 @@ def _select(lines: str, campaign: str, policy_id: str) -> str:
     file_part = "split_part(task_id, ':', 1)"
     tokens = ", ".join(f"t_{k} AS agent_{k}" if r == "agent" else f"0 AS {r}_{k}" for r in ROLES for k in _TOKENS)
     return f"""
-    SELECT {_quote(campaign)} AS campaign, task_id,
+    SELECT {literal(campaign)} AS campaign, task_id,
            (row_number() OVER (PARTITION BY task_id ORDER BY line_order) - 1)::INTEGER AS attempt_index,
-           {_quote(policy_id)} AS policy_id,
+           {literal(policy_id)} AS policy_id,
            coalesce(nullif(scenario, ''), CASE WHEN suffix({file_part}, '.py') THEN {file_part}[:-4] ELSE {file_part} END) AS domain,
            CASE WHEN sys THEN NULL ELSE coalesce(reward_value, CASE WHEN ok_result THEN 1.0 ELSE 0.0 END) END AS reward,
            CASE WHEN sys THEN NULL ELSE ok_result END AS passed,
            CASE WHEN sys THEN 'system_error' ELSE 'ok' END AS status,
            finish_reason, left(err, 2000) AS error, CASE WHEN sys THEN 'imported' END AS error_kind, {tokens},
+           CASE WHEN NOT sys AND NOT ok_result AND coalesce(tb, '') <> '' THEN to_json([right(tb, 2000)])::VARCHAR END AS diff,
+           {transcript_column('judge')} AS transcript,
            (coalesce(task_id, '') = '' OR bad_fields) AS bad
-    FROM ({lines})"""
+    FROM ({with_parts(lines)})"""
 
 
 def first_bad_line(files: list[Path]) -> str:
@@ -171,16 +177,18 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
         con = duckdb.connect(str(db), config=WRITE_CONFIG)
         try:
             con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
-            con.execute(f"SET temp_directory = {_quote(str(work / 'spill'))}")
+            con.execute(f"SET temp_directory = {literal(str(work / 'spill'))}")
             con.execute("SET preserve_insertion_order = true")
             con.execute("SET enable_progress_bar = false")
             con.execute(DDL)
             reader = _insert(con, files, campaign, policy_id)
             if con.execute(f"SELECT count(*) FROM attempts WHERE shard = '{BAD}'").fetchone()[0]:
                 raise UserError(first_bad_line(files) or f"{files[0]}: a row without a uid or with malformed fields")
-            rows = con.execute("SELECT count(*) FROM attempts").fetchone()[0]
+            rows, with_transcript = con.execute("SELECT count(*), count(transcript) FROM attempts").fetchone()
             if not rows:
                 raise UserError(f"{files[0]}: no result rows")
+            if with_transcript:   # a second, parallel read: the distinct system prompts and tool lists
+                con.execute(f"INSERT OR IGNORE INTO blobs {blobs_query(_blob_read(files))}")
             plan = [{"task_id": t, "domain": d, "split": None, "n_golden_calls": None, "tags": [], "template": None,
                      "repeats": int(n)} for t, d, n in con.execute(
                 "SELECT task_id, any_value(domain), count(*) FROM attempts GROUP BY 1 ORDER BY 1").fetchall()]
@@ -206,9 +214,14 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
     return run, ImportReport(rows=rows, reader=reader)
 
 
+def _blob_read(files: list[Path]) -> str:
+    return (f"SELECT messages, tools FROM read_json({literal_list(files)}, format='newline_delimited', "
+            f"columns={{'messages': 'JSON', 'tools': 'JSON'}}, maximum_object_size={MAX_LINE_BYTES})")
+
+
 def _output_columns() -> set[str]:
     return {"campaign", "task_id", "attempt_index", "policy_id", "domain", "reward", "passed", "status", "finish_reason",
-            "error", "error_kind", *(f"{r}_{k}" for r in ROLES for k in ("in", "cached", "out", "reasoning"))}
+            "error", "error_kind", "diff", "transcript", *(f"{r}_{k}" for r in ROLES for k in ("in", "cached", "out", "reasoning"))}
 
 
 def _insert(con, files: list[Path], campaign: str, policy_id: str) -> str:
@@ -221,6 +234,9 @@ def _insert(con, files: list[Path], campaign: str, policy_id: str) -> str:
                         f"ELSE 'import' END FROM ({_select(reader(files), campaign, policy_id)})")
             return reader.__name__.strip("_")
         except duckdb.Error as exc:
+            if isinstance(exc, (duckdb.OutOfMemoryException, duckdb.IOException)):
+                raise InfraError(f"import of {files[0]} stopped (memory limit {MEMORY_LIMIT}; nothing was written)",
+                                 exc) from None
             con.execute("DELETE FROM attempts")
             problem = first_bad_line(files) if reader is _lenient else ""
             if problem:

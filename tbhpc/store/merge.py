@@ -22,24 +22,28 @@ from pathlib import Path
 
 import duckdb
 
+from tbhpc.errors import InfraError
 from tbhpc.store.run_dir import RunDir
 from tbhpc.store.schema import ATTEMPT_COLUMNS, DDL, KEY, SHARD_COLUMNS
-from tbhpc.store.shards import list_shards
+from tbhpc.store.shards import MAX_SHARD_LINE, list_shards
+from tbhpc.store.sqltext import literal, literal_list
 
 # A new results.duckdb is written in the newest storage format: its string compression (FSST over
 # dictionaries) stores transcripts in ~0.3x their JSON size, where the default (compatible with
 # DuckDB 0.10) stores them uncompressed. Every tbhpc environment pins the same DuckDB version.
 WRITE_CONFIG = {"storage_compatibility_version": "latest"}
 
-_READ = "read_json({files}, format='newline_delimited', columns={columns}, filename=true, maximum_object_size=67108864)"
+# A merge's working memory: DuckDB spills to `<results.duckdb>.tmp/` beyond it, so a million-row
+# ingest stays near 200 MiB resident instead of growing with the run. The JSON reader's buffers
+# (two lines' worth per thread) come out of the same budget: hence the line limit.
+MERGE_MEMORY = "160MB"
+
+_READ = ("read_json({files}, format='newline_delimited', columns={columns}, filename=true, "
+         f"maximum_object_size={MAX_SHARD_LINE})")
 
 
 _READ_PLAN = ("read_json({path}, format='newline_delimited', columns={{'task_id': 'VARCHAR', 'domain': 'VARCHAR', "
               "'split': 'VARCHAR', 'n_golden_calls': 'INTEGER', 'tags': 'VARCHAR[]', 'template': 'VARCHAR', 'repeats': 'INTEGER'}})")
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 @dataclass
@@ -64,7 +68,7 @@ def insert_rows(con, table: str, rows: list[dict], columns: dict[str, str], repl
         cols = "{" + ", ".join(f"'{c}': '{t}'" for c, t in columns.items()) + "}"
         verb = "INSERT OR REPLACE" if replace else "INSERT"
         con.execute(f"{verb} INTO {table} SELECT {', '.join(columns)} FROM "
-                    f"read_json({_quote(f.name)}, format='newline_delimited', columns={cols})")
+                    f"read_json({literal(f.name)}, format='newline_delimited', columns={cols})")
     finally:
         os.unlink(f.name)
 
@@ -83,6 +87,8 @@ def merge(run: RunDir) -> MergeReport:
     with run.lock():
         con = connect(run)
         try:
+            con.execute(f"SET memory_limit = '{MERGE_MEMORY}'")
+            con.execute("SET preserve_insertion_order = false")   # rows are found by key, never by position
             _load_metadata(con, run)
             _load_blobs(con, run)
             done = {r[0] for r in con.execute("SELECT shard FROM merged_shards").fetchall()}
@@ -97,6 +103,9 @@ def merge(run: RunDir) -> MergeReport:
                 con.execute("INSERT OR REPLACE INTO merged_shards SELECT shard, count(*), now() FROM staging GROUP BY shard")
                 report.rows = _upsert(con)
                 con.execute("COMMIT")
+        except duckdb.Error as exc:
+            _raise_if_resource(exc, list_shards(run.shards))
+            raise
         finally:
             con.close()
     return report
@@ -107,9 +116,8 @@ def _load_blobs(con, run: RunDir) -> None:
     have = {r[0] for r in con.execute("SELECT ref FROM blobs").fetchall()}
     new = [p for p in sorted(run.blobs.glob("*.json")) if not p.name.startswith(".") and p.stem not in have]
     if new:
-        names = "[" + ", ".join(_quote(str(p)) for p in new) + "]"
         con.execute(f"INSERT OR IGNORE INTO blobs SELECT regexp_extract(filename, '([^/]+)[.]json$', 1), content "
-                    f"FROM read_text({names})")
+                    f"FROM read_text({literal_list(new)})")
 
 
 def _direct(con, files: list[Path]) -> bool:
@@ -130,8 +138,9 @@ def _direct(con, files: list[Path]) -> bool:
         con.execute("INSERT OR REPLACE INTO merged_shards SELECT shard, count(*), now() FROM attempts GROUP BY shard")
         con.execute("COMMIT")
         return True
-    except duckdb.Error:
+    except duckdb.Error as exc:
         con.execute("ROLLBACK")
+        _raise_if_resource(exc, files)
         return False
 
 
@@ -144,8 +153,8 @@ def _stage(con, files: list[Path], run: RunDir, report: MergeReport) -> int:
         _insert(con, files)
         if not _invalid_rows(con):
             return len(files)
-    except duckdb.Error:
-        pass
+    except duckdb.Error as exc:
+        _raise_if_resource(exc, files)
     con.execute("DELETE FROM staging")
     good = 0
     for p in files:  # slow path: find the bad shards one by one
@@ -156,17 +165,26 @@ def _stage(con, files: list[Path], run: RunDir, report: MergeReport) -> int:
                 raise ValueError(problem)
             good += 1
         except (duckdb.Error, ValueError) as exc:
-            con.execute("DELETE FROM staging WHERE shard = ?", [p.name])
+            _raise_if_resource(exc, [p])
+            con.execute(f"DELETE FROM staging WHERE shard = {literal(p.name)}")
             msg = " ".join(str(exc).split())[:200]
             run.quarantine.mkdir(parents=True, exist_ok=True)
             shutil.move(str(p), run.quarantine / p.name)
-            con.execute("INSERT OR REPLACE INTO quarantined_shards VALUES (?, ?, now())", [p.name, msg])
+            con.execute(f"INSERT OR REPLACE INTO quarantined_shards VALUES ({literal(p.name)}, {literal(msg)}, now())")
             report.quarantined.append((p.name, msg))
     return good
 
 
+def _raise_if_resource(exc: BaseException, files: list[Path]) -> None:
+    """Running out of memory or disk says nothing about a shard: stop, and quarantine nothing."""
+    if isinstance(exc, (duckdb.OutOfMemoryException, duckdb.IOException)):
+        where = files[0].parent if files else "shards"
+        raise InfraError(f"merge of {len(files)} shard(s) in {where} stopped, nothing was merged or quarantined",
+                         exc) from None
+
+
 def _insert(con, files: list[Path], table: str = "staging") -> None:
-    names = "[" + ", ".join(_quote(str(p)) for p in files) + "]"
+    names = literal_list(files)
     cols = ", ".join(SHARD_COLUMNS)
     con.execute(f"INSERT INTO {table} BY NAME SELECT {cols}, regexp_extract(filename, '[^/]+$') AS shard "
                 f"FROM {_READ.format(files=names, columns=_columns())}")
@@ -179,7 +197,7 @@ def _columns() -> str:
 def _invalid_rows(con, shard: str | None = None, table: str = "staging") -> str | None:
     where = "WHERE " + " OR ".join(f"{k} IS NULL" for k in KEY) + " OR status NOT IN ('ok', 'system_error')"
     if shard is not None:
-        where = f"WHERE shard = {_quote(shard)} AND ({where[6:]})"
+        where = f"WHERE shard = {literal(shard)} AND ({where[6:]})"
     n = con.execute(f"SELECT count(*) FROM {table} {where}").fetchone()[0]
     return f"{n} row(s) without a full attempt key or with an unknown status" if n else None
 
@@ -205,21 +223,21 @@ def _load_metadata(con, run: RunDir) -> None:
     """Campaign row, tasks and plan, once per run (a run's plan never changes: its identity is
     checked when it is resumed). The campaign row is written last and marks the load complete."""
     camp = run.campaign()
-    if con.execute("SELECT count(*) FROM campaigns WHERE campaign = ?", [camp["campaign"]]).fetchone()[0]:
+    name = literal(camp["campaign"])
+    if con.execute(f"SELECT count(*) FROM campaigns WHERE campaign = {name}").fetchone()[0]:
         return
-    plan = _READ_PLAN.format(path=_quote(str(run.plan_file)))
+    plan = _READ_PLAN.format(path=literal(run.plan_file))
     con.execute("BEGIN TRANSACTION")
-    con.execute("DELETE FROM tasks WHERE campaign = ?", [camp["campaign"]])
-    con.execute("DELETE FROM plan WHERE campaign = ?", [camp["campaign"]])
-    con.execute(f"INSERT INTO tasks SELECT ?, task_id, domain, split, n_golden_calls, tags, template FROM {plan}",
-                [camp["campaign"]])
-    con.execute(f"INSERT INTO plan SELECT ?, task_id, ?, repeats FROM {plan}", [camp["campaign"], camp.get("policy_id")])
+    con.execute(f"DELETE FROM tasks WHERE campaign = {name}")
+    con.execute(f"DELETE FROM plan WHERE campaign = {name}")
+    con.execute(f"INSERT INTO tasks SELECT {name}, task_id, domain, split, n_golden_calls, tags, template FROM {plan}")
+    con.execute(f"INSERT INTO plan SELECT {name}, task_id, {literal(camp.get('policy_id'))}, repeats FROM {plan}")
     insert_campaign(con, camp)
     con.execute("COMMIT")
 
 
 def insert_campaign(con, camp: dict) -> None:
     """The campaign row from campaign.json's fields (written last: it marks a complete load)."""
-    con.execute("INSERT INTO campaigns VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [camp["campaign"], camp.get("kind"), camp.get("policy_id"), camp.get("config_hash"),
-                 json.dumps(camp.get("config", {})), camp.get("created_at"), camp.get("source", "tbhpc")])
+    values = [camp["campaign"], camp.get("kind"), camp.get("policy_id"), camp.get("config_hash"),
+              json.dumps(camp.get("config", {})), camp.get("created_at"), camp.get("source", "tbhpc")]
+    con.execute(f"INSERT INTO campaigns VALUES ({', '.join(literal(v) for v in values)})")

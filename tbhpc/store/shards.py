@@ -16,8 +16,12 @@ from pathlib import Path
 from typing import Iterable
 
 from tbhpc.store.schema import SHARD_COLUMNS
+from tbhpc.store.transcripts import shortened
 
 _COUNTER = itertools.count()
+# The merge reads lines up to this size (its memory budget holds two per thread); a longer row
+# keeps everything but its transcript's messages, which become a note saying what was left out.
+MAX_SHARD_LINE = 16 << 20
 
 
 def shard_name(prefix: str = "shard") -> str:
@@ -36,12 +40,20 @@ def write_shard(shard_dir: Path, rows: Iterable[dict], name: str | None = None) 
             extra = set(row) - set(SHARD_COLUMNS)
             if extra:
                 raise ValueError(f"attempt row has unknown fields {sorted(extra)}")
-            f.write(json.dumps(row, ensure_ascii=False, default=_default, separators=(",", ":")))
+            f.write(_line(row))
             f.write("\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)
     return final
+
+
+def _line(row: dict) -> str:
+    line = json.dumps(row, ensure_ascii=False, default=_default, separators=(",", ":"))
+    if len(line) * 4 > MAX_SHARD_LINE and len(line.encode("utf-8")) > MAX_SHARD_LINE and row.get("transcript"):
+        row = {**row, "transcript": shortened(row["transcript"], MAX_SHARD_LINE)}
+        line = json.dumps(row, ensure_ascii=False, default=_default, separators=(",", ":"))
+    return line
 
 
 def list_shards(shard_dir: Path) -> list[Path]:

@@ -13,6 +13,8 @@ same name always holds the same bytes) and loaded into the `blobs` table by the 
 The document (version 1):
     {"v": 1, "system": REF | null, "tools": REF | null, "messages": [...after the system message...],
      "finish": FINISH_REASON, "judge": [{"question", "yes"}, ...]}
+A document with `"format": "thinkingbox"` (written by `import-tb`) keeps the reference harness's
+own messages, system messages and tool definitions; `expand` converts them on reading.
 Messages keep their OpenAI-style shape: assistant `content`, `reasoning`, `tool_calls` (id,
 function name, JSON arguments); tool `tool_call_id`, `name`, `content`; user `content`.
 """
@@ -72,6 +74,16 @@ def compact(messages: list[dict], tools: list[dict], finish: str, judge: list[di
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
 
 
+def shortened(text: str, limit: int) -> str:
+    """The transcript of an attempt too long for a shard line: its references, finish and judge
+    verdicts kept, its messages replaced by one `note` message that says what was left out."""
+    doc = json.loads(text)
+    n = len(doc.get("messages", []))
+    note = (f"{n} message{'' if n == 1 else 's'} ({len(text.encode('utf-8')):,} bytes) left out: "
+            f"an attempt's row may take at most {limit:,} bytes")
+    return json.dumps({**doc, "messages": [{"role": "note", "content": note}]}, ensure_ascii=False, separators=(",", ":"))
+
+
 def expand(text: str, blob: Callable[[str], str | None]) -> dict:
     """The full transcript: {messages (system first), tools, finish, judge}. `blob(ref)` gives a
     blob's JSON text (None if it is missing: the reference is then kept, marked unresolved)."""
@@ -85,6 +97,13 @@ def expand(text: str, blob: Callable[[str], str | None]) -> dict:
         raw = blob(ref)
         return json.loads(raw) if raw is not None else {"unresolved_blob": ref}
 
+    if doc.get("format") == "thinkingbox":     # imported from the reference harness
+        from tbhpc.store import tb_transcripts as tb
+        system, tools = resolve(doc.get("system")), resolve(doc.get("tools"))
+        system = system if isinstance(system, list) else ([{"content": f"(missing blob {doc['system']})"}] if system else None)
+        return {"messages": tb.to_messages(system, doc["messages"]),
+                "tools": tb.to_tools(tools) if isinstance(tools, list) else [], "finish": doc.get("finish", ""),
+                "judge": tb.to_judge(doc.get("judge"))}
     system = doc["system_text"] if "system_text" in doc else resolve(doc.get("system"))
     tools = doc["tools_inline"] if "tools_inline" in doc else resolve(doc.get("tools"))
     messages = ([{"role": "system", "content": system}] if system is not None else []) + doc["messages"]
