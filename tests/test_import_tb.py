@@ -162,7 +162,8 @@ def reference_conversation(query: str, answer: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("usage, reader", [([{"input_tokens": 3}], "typed"), ({"input_tokens": 3}, "lenient")])
-def test_reference_conversations_become_transcripts_shown_by_show(tmp_path, usage, reader):
+@pytest.mark.parametrize("first_has_messages", [True, False])
+def test_reference_conversations_become_transcripts_shown_by_show(tmp_path, usage, reader, first_has_messages):
     import duckdb
 
     from tbhpc.store.transcripts import read_attempt
@@ -175,6 +176,8 @@ def test_reference_conversations_become_transcripts_shown_by_show(tmp_path, usag
              "test_result": {"result": False, "metadata": judged,
                              "tb": "Traceback ...\nAssertionError: orders.O-1.status: 'delivered' != 'refunded'"}},
             {"uid": "r.py:t2", "messages": [], "test_result": {"result": True}, "usage": usage}]
+    if not first_has_messages:          # conversations only further down: found by the SQL pass
+        rows = rows[2:] + rows[:2]
     f = tmp_path / "r.jsonl"
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     run, rep = import_files([f], tmp_path / "imp")
@@ -184,7 +187,7 @@ def test_reference_conversations_become_transcripts_shown_by_show(tmp_path, usag
     con.close()
     failed = read_attempt(run.db, "r.py:t1")            # the default: the first failed attempt
     assert failed["attempt_index"] == 1 and failed["finish_reason"] == "user_limit"
-    assert json.loads(failed["diff"]) == [rows[1]["test_result"]["tb"]]
+    assert json.loads(failed["diff"]) == ["Traceback ...\nAssertionError: orders.O-1.status: 'delivered' != 'refunded'"]
     tr = failed["transcript"]
     assert tr["finish"] == "user_limit"
     assert tr["judge"] == [{"question": "Did it confirm the refund?", "yes": False, "motivation": "no"}]

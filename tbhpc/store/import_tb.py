@@ -34,11 +34,11 @@ from pathlib import Path
 import duckdb
 
 from tbhpc.errors import InfraError, UserError
-from tbhpc.store.merge import WRITE_CONFIG, MergeReport, insert_campaign
+from tbhpc.store.merge import WRITE_CONFIG, MergeReport, insert_campaign, insert_rows
 from tbhpc.store.run_dir import RunDir
 from tbhpc.store.schema import DDL, ROLES, SHARD_COLUMNS
 from tbhpc.store.sqltext import literal, literal_list
-from tbhpc.store.tb_transcripts import blobs_query, transcript_column, with_parts
+from tbhpc.store.tb_transcripts import write_reduced
 
 MEMORY_LIMIT = "128MB"     # DuckDB's own budget; spills to the temp directory beyond it
 BAD = "!malformed"         # shard value of a row that failed the field checks (never lands: the import stops)
@@ -48,13 +48,14 @@ MAX_LINE_BYTES = 16 << 20  # the longest result line read (DuckDB's JSON buffers
 _USAGE_T = ("STRUCT(input_tokens BIGINT, input_tokens_details STRUCT(cached_tokens BIGINT), output_tokens BIGINT, "
             "output_tokens_details STRUCT(reasoning_tokens BIGINT))")
 _TYPED = {"uid": "VARCHAR", "finish_reason": "VARCHAR", "is_system_error": "BOOLEAN",
-          "test_result": "STRUCT(result BOOLEAN, is_system_error BOOLEAN, reward DOUBLE, error VARCHAR, tb VARCHAR, metadata JSON)",
-          "usage": f"{_USAGE_T}[]", "metadata": "STRUCT(scenario VARCHAR, error VARCHAR)", "error": "VARCHAR",
-          "messages": "JSON", "tools": "JSON"}
+          "test_result": "STRUCT(result BOOLEAN, is_system_error BOOLEAN, reward DOUBLE, error VARCHAR, tb VARCHAR)",
+          "usage": f"{_USAGE_T}[]", "metadata": "STRUCT(scenario VARCHAR, error VARCHAR)", "error": "VARCHAR"}
 # Anything the typed read refuses (usage as one object, a number for a boolean, ...) is read as
 # JSON and converted with Python's truthiness instead (the lenient path, ~2x slower).
 _LENIENT = {"uid": "VARCHAR", "finish_reason": "VARCHAR", "is_system_error": "JSON", "test_result": "JSON",
-            "usage": "JSON", "metadata": "JSON", "error": "VARCHAR", "messages": "JSON", "tools": "JSON"}
+            "usage": "JSON", "metadata": "JSON", "error": "VARCHAR"}
+# a line has a conversation when `messages` is a non-empty list (a string test: no JSON function per row)
+_HAS_MESSAGES = "coalesce(starts_with(messages::VARCHAR, '[') AND messages::VARCHAR <> '[]', false)"
 _TOKENS = {"in": "x.input_tokens", "cached": "x.input_tokens_details.cached_tokens", "out": "x.output_tokens",
            "reasoning": "x.output_tokens_details.reasoning_tokens"}
 
@@ -84,9 +85,18 @@ def _tokens(usage: str) -> str:
                      for k, path in _TOKENS.items())
 
 
-def _typed(files: list[Path]) -> str:
+def _transcript(reduced: bool) -> tuple[dict[str, str], str]:
+    """The column read and the expression for `transcript`: the finished document in a reduced copy
+    (tb_transcripts.write_reduced), else a placeholder on lines with a conversation."""
+    if reduced:
+        return {"transcript": "JSON"}, "transcript::VARCHAR"
+    return {"messages": "JSON"}, f"CASE WHEN {_HAS_MESSAGES} THEN '' END"
+
+
+def _typed(files: list[Path], reduced: bool = False) -> str:
     """Per line: task_id, finish_reason, sys, ok_result, reward_value, t_*, scenario, err, bad_fields,
-    and for the transcript: messages, tools, judge (JSON) and tb (the failed test's traceback)."""
+    tb (the failed test's traceback) and transcript."""
+    column, transcript = _transcript(reduced)
     return f"""
         SELECT line_order, uid AS task_id, finish_reason,
                (coalesce(is_system_error, false) OR coalesce(test_result.is_system_error, false)
@@ -94,13 +104,14 @@ def _typed(files: list[Path]) -> str:
                coalesce(test_result.result, false) AS ok_result, test_result.reward AS reward_value, {_tokens('usage')},
                metadata.scenario AS scenario,
                coalesce(nullif(metadata.error, ''), nullif(test_result.error, ''), nullif(error, '')) AS err,
-               false AS bad_fields, messages, tools, test_result.metadata -> 'judge_motivation' AS judge, test_result.tb AS tb
-        FROM ({_read(files, _TYPED)})"""
+               false AS bad_fields, test_result.tb AS tb, {transcript} AS transcript
+        FROM ({_read(files, {**_TYPED, **column})})"""
 
 
-def _lenient(files: list[Path]) -> str:
+def _lenient(files: list[Path], reduced: bool = False) -> str:
     """The same columns from JSON values, each parsed once (json_transform)."""
-    tr = '{"result": "JSON", "is_system_error": "JSON", "reward": "JSON", "error": "VARCHAR", "tb": "VARCHAR", "metadata": "JSON"}'
+    column, transcript = _transcript(reduced)
+    tr = '{"result": "JSON", "is_system_error": "JSON", "reward": "JSON", "error": "VARCHAR", "tb": "VARCHAR"}'
     usage = ('[{"input_tokens": "BIGINT", "input_tokens_details": {"cached_tokens": "BIGINT"}, "output_tokens": "BIGINT", '
              '"output_tokens_details": {"reasoning_tokens": "BIGINT"}}]')
     return f"""
@@ -110,13 +121,13 @@ def _lenient(files: list[Path]) -> str:
                {_truthy('tr.result')} AS ok_result, try_cast(tr.reward ->> '$' AS DOUBLE) AS reward_value, {_tokens('us')},
                md.scenario AS scenario, coalesce(nullif(md.error, ''), nullif(tr.error, ''), nullif(top_error, '')) AS err,
                (tr_type NOT IN ('OBJECT', 'NULL') OR us_type NOT IN ('ARRAY', 'OBJECT', 'NULL')) AS bad_fields,
-               messages, tools, tr.metadata -> 'judge_motivation' AS judge, tr.tb AS tb
-        FROM (SELECT line_order, uid AS task_id, finish_reason, is_system_error, error AS top_error, messages, tools,
+               tr.tb AS tb, {transcript} AS transcript
+        FROM (SELECT line_order, uid AS task_id, finish_reason, is_system_error, error AS top_error, {next(iter(column))},
                      json_type(test_result) AS tr_type,
                      json_transform(test_result, '{tr}') AS tr, json_type(usage) AS us_type,
                      json_transform(CASE json_type(usage) WHEN 'OBJECT' THEN json_array(usage) ELSE usage END, '{usage}') AS us,
                      json_transform(metadata, '{{"scenario": "VARCHAR", "error": "VARCHAR"}}') AS md
-              FROM ({_read(files, _LENIENT)}))"""
+              FROM ({_read(files, {**_LENIENT, **column})}))"""
 
 
 def _select(lines: str, campaign: str, policy_id: str) -> str:
@@ -133,9 +144,9 @@ def _select(lines: str, campaign: str, policy_id: str) -> str:
            CASE WHEN sys THEN 'system_error' ELSE 'ok' END AS status,
            finish_reason, left(err, 2000) AS error, CASE WHEN sys THEN 'imported' END AS error_kind, {tokens},
            CASE WHEN NOT sys AND NOT ok_result AND coalesce(tb, '') <> '' THEN to_json([right(tb, 2000)])::VARCHAR END AS diff,
-           {transcript_column('judge')} AS transcript,
+           transcript,
            (coalesce(task_id, '') = '' OR bad_fields) AS bad
-    FROM ({with_parts(lines)})"""
+    FROM ({lines})"""
 
 
 def first_bad_line(files: list[Path]) -> str:
@@ -181,14 +192,21 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
             con.execute("SET preserve_insertion_order = true")
             con.execute("SET enable_progress_bar = false")
             con.execute(DDL)
-            reader = _insert(con, files, campaign, policy_id)
-            if con.execute(f"SELECT count(*) FROM attempts WHERE shard = '{BAD}'").fetchone()[0]:
-                raise UserError(first_bad_line(files) or f"{files[0]}: a row without a uid or with malformed fields")
-            rows, with_transcript = con.execute("SELECT count(*), count(transcript) FROM attempts").fetchone()
-            if not rows:
-                raise UserError(f"{files[0]}: no result rows")
-            if with_transcript:   # a second, parallel read: the distinct system prompts and tool lists
-                con.execute(f"INSERT OR IGNORE INTO blobs {blobs_query(_blob_read(files))}")
+            reduced, blobs = [], {}
+            if _first_has_messages(files):     # a file with conversations: straight to the reduced copy
+                reduced, blobs = [work / "reduced.jsonl"], write_reduced(files, work / "reduced.jsonl")
+            reader = _insert(con, files, campaign, policy_id, reduced)
+            _check_rows(con, files)
+            if not reduced and con.execute("SELECT count(transcript) FROM attempts").fetchone()[0]:
+                # conversations further down a file that began without: import the reduced copy instead
+                con.execute("DROP TABLE attempts")
+                con.execute(DDL)
+                reduced, blobs = [work / "reduced.jsonl"], write_reduced(files, work / "reduced.jsonl")
+                reader = _insert(con, files, campaign, policy_id, reduced)
+                _check_rows(con, files)
+            insert_rows(con, "blobs", [{"ref": r, "content": c} for r, c in blobs.items()],
+                        {"ref": "VARCHAR", "content": "VARCHAR"})
+            rows = con.execute("SELECT count(*) FROM attempts").fetchone()[0]
             plan = [{"task_id": t, "domain": d, "split": None, "n_golden_calls": None, "tags": [], "template": None,
                      "repeats": int(n)} for t, d, n in con.execute(
                 "SELECT task_id, any_value(domain), count(*) FROM attempts GROUP BY 1 ORDER BY 1").fetchall()]
@@ -214,9 +232,24 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
     return run, ImportReport(rows=rows, reader=reader)
 
 
-def _blob_read(files: list[Path]) -> str:
-    return (f"SELECT messages, tools FROM read_json({literal_list(files)}, format='newline_delimited', "
-            f"columns={{'messages': 'JSON', 'tools': 'JSON'}}, maximum_object_size={MAX_LINE_BYTES})")
+def _check_rows(con, files: list[Path]) -> None:
+    if con.execute(f"SELECT count(*) FROM attempts WHERE shard = '{BAD}'").fetchone()[0]:
+        raise UserError(first_bad_line(files) or f"{files[0]}: a row without a uid or with malformed fields")
+    if not con.execute("SELECT count(*) FROM attempts").fetchone()[0]:
+        raise UserError(f"{files[0]}: no result rows")
+
+
+def _first_has_messages(files: list[Path]) -> bool:
+    """Whether the first result line has a conversation (a cheap guess that saves a wasted pass)."""
+    with open(files[0], encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                try:
+                    first = json.loads(line)
+                except json.JSONDecodeError:
+                    return False
+                return isinstance(first, dict) and isinstance(first.get("messages"), list) and bool(first["messages"])
+    return False
 
 
 def _output_columns() -> set[str]:
@@ -224,14 +257,19 @@ def _output_columns() -> set[str]:
             "error", "error_kind", "diff", "transcript", *(f"{r}_{k}" for r in ROLES for k in ("in", "cached", "out", "reasoning"))}
 
 
-def _insert(con, files: list[Path], campaign: str, policy_id: str) -> str:
-    """One pass into `attempts`: typed if the files allow, else lenient (returns which); a row
-    failing the field checks is marked in the shard column (the caller stops the import)."""
+def _insert(con, files: list[Path], campaign: str, policy_id: str, reduced: list[Path] | None = None) -> str:
+    """One pass into `attempts` from `files`, or from their `reduced` copy when given: typed if
+    the lines allow, else lenient (returns which). A row failing the field checks is marked in the
+    shard column (the caller stops the import); errors name the original files."""
     names = ", ".join(c for c in SHARD_COLUMNS if c in _output_columns())
+    # Transcripts are kilobytes per row, and DuckDB holds 2,048 rows per vector and ~32 MiB of read
+    # buffers per thread: on one thread, a 1 GB file of them stays within the memory limit.
+    con.execute(f"SET threads = {1 if reduced else 2}")
     for reader in (_typed, _lenient):
         try:
+            lines = reader(reduced or files, reduced=bool(reduced))
             con.execute(f"INSERT INTO attempts ({names}, shard) SELECT {names}, CASE WHEN bad THEN '{BAD}' "
-                        f"ELSE 'import' END FROM ({_select(reader(files), campaign, policy_id)})")
+                        f"ELSE 'import' END FROM ({_select(lines, campaign, policy_id)})")
             return reader.__name__.strip("_")
         except duckdb.Error as exc:
             if isinstance(exc, (duckdb.OutOfMemoryException, duckdb.IOException)):

@@ -93,6 +93,7 @@ def merge(run: RunDir) -> MergeReport:
             _load_blobs(con, run)
             done = {r[0] for r in con.execute("SELECT shard FROM merged_shards").fetchall()}
             new = [p for p in list_shards(run.shards) if p.name not in done]
+            con.execute(f"SET threads = {_threads_for(new)}")
             report.new_shards = len(new)
             if new and _direct(con, new):
                 report.rows = con.execute("SELECT count(*) FROM attempts").fetchone()[0]
@@ -109,6 +110,17 @@ def merge(run: RunDir) -> MergeReport:
         finally:
             con.close()
     return report
+
+
+def _threads_for(shards: list[Path]) -> int:
+    """Two threads, unless rows are kilobytes (transcripts): each thread then keeps a partial row
+    group of them in memory, which two threads overflow the budget with, where one stays ~250 MiB
+    (measured on 300,000 attempts with 2.9 KB transcripts). Judged from the first new shard."""
+    if not shards:
+        return 2
+    with open(shards[0], "rb") as f:
+        data = f.read()
+    return 1 if len(data) > 1024 * max(1, data.count(b"\n")) else 2
 
 
 def _load_blobs(con, run: RunDir) -> None:

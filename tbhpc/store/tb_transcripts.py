@@ -1,13 +1,19 @@
 """The reference harness's conversations (`DecodeResult.messages`) as tbhpc transcripts.
 
 Two halves, one format:
-- SQL, used by `import-tb` inside its single DuckDB pass: each result line's messages become a
-  transcript document (`"format": "thinkingbox"`) that keeps the reference messages as they are,
-  with the leading system messages and the tool definitions moved out to the run's `blobs` table
-  by content hash, exactly like tbhpc's own transcripts. Nothing is parsed in Python per line, so
-  a result file of gigabytes imports in DuckDB's bounded memory.
-- Python, used when one attempt is read back (`tbhpc show`, the failure browser): the reference
-  messages become tbhpc's OpenAI-style messages, so one renderer serves both.
+- Writing (`import-tb`): each result line's messages become a transcript document (`"format":
+  "thinkingbox"`) that keeps the reference messages as they are, with the leading system messages
+  and the tool definitions moved out to the run's `blobs` table by content hash, exactly like
+  tbhpc's own transcripts.
+- Reading (`tbhpc show`, the failure browser): the reference messages become tbhpc's OpenAI-style
+  messages, so one renderer serves both.
+
+Why the writing half is Python streaming a line at a time, when the rest of import-tb is one
+DuckDB pass: DuckDB works on vectors of 2,048 rows, and its JSON functions hold a parsed document
+per row, so splitting transcripts of ~10 KB in SQL took over 500 MB for a 1 GB file; a line at a
+time takes a few MiB. It writes a reduced copy of the file (the fields the SQL pass reads, plus
+the finished transcript), which the same SQL pass then imports. Files without messages
+(metadata-only) never reach this half.
 
 Reference message types (thinkingbox.common.chat_types): Text (role, content, metadata.tag
 think|text|direct, metadata.is_dummy), ToolCall (name, arguments, id, metadata.error),
@@ -16,49 +22,76 @@ ParallelToolCall (tool_calls), ToolResponse (name, content, id, metadata.direct_
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+from tbhpc.store.transcripts import blob_ref
+
 FORMAT = "thinkingbox"
-_IS_SYSTEM = "json_extract_string(m, 'T') = 'Text' AND json_extract_string(m, 'role') = 'system'"
 
 
-def _ref(text: str) -> str:
-    return f"'tb' || left(sha256({text}), 14)"
+def reference_doc(result: dict, blobs: dict[str, str]) -> dict | None:
+    """The transcript document of one DecodeResult (None when it has no messages); its leading
+    system messages and its tool definitions go to `blobs` (ref -> JSON text) by content hash."""
+    messages = result.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return None
+    n_system = 0
+    while n_system < len(messages) and _is_system(messages[n_system]):
+        n_system += 1
+    doc: dict[str, Any] = {"v": 1, "format": FORMAT, "system": _blob(messages[:n_system], blobs),
+                           "tools": _blob(result.get("tools"), blobs), "messages": messages[n_system:],
+                           "finish": result.get("finish_reason", "done")}
+    test = result.get("test_result")
+    judge = (test.get("metadata") or {}).get("judge_motivation") if isinstance(test, dict) else None
+    doc["judge"] = judge if isinstance(judge, list) else []
+    return doc
 
 
-def with_parts(lines: str, texts: bool = False) -> str:
-    """`lines` (a SELECT with the JSON columns `messages` and `tools`, which it replaces) plus:
-    system_ref (content hash of the leading system messages as a JSON list), tools_ref, rest (the
-    other messages, JSON) and n_messages; with `texts`, also system_text and tools_text (the blobs)."""
-    listed = "CASE WHEN json_type(messages) = 'ARRAY' THEN messages::JSON[] ELSE []::JSON[] END"
-    n_system = f"coalesce(list_position(list_transform(ml, lambda m: NOT ({_IS_SYSTEM})), true), len(ml) + 1) - 1"
-    system, has_tools = "ml[1:n_system]::JSON::VARCHAR", "json_type(tools) = 'ARRAY' AND json_array_length(tools) > 0"
-    blobs = (f"CASE WHEN n_system > 0 THEN {system} END AS system_text, "
-             f"CASE WHEN {has_tools} THEN tools::VARCHAR END AS tools_text," if texts else "")
-    return f"""
-    SELECT * EXCLUDE (ml, n_system, messages, tools), {blobs}
-        CASE WHEN n_system > 0 THEN {_ref(system)} END AS system_ref,
-        CASE WHEN {has_tools} THEN {_ref('tools::VARCHAR')} END AS tools_ref,
-        ml[n_system + 1:]::JSON AS rest, len(ml) AS n_messages
-    FROM (SELECT *, {n_system} AS n_system FROM (SELECT *, {listed} AS ml FROM ({lines})))"""
+def _is_system(m: Any) -> bool:
+    return isinstance(m, dict) and m.get("T") == "Text" and m.get("role") == "system"
 
 
-def transcript_column(judge: str) -> str:
-    """The transcript document of a line (NULL when it has no messages); `judge` is a JSON
-    expression for test_result.metadata.judge_motivation."""
-    return (f"CASE WHEN n_messages > 0 THEN json_object('v', 1, 'format', '{FORMAT}', 'system', system_ref, "
-            f"'tools', tools_ref, 'messages', rest, 'finish', finish_reason, "
-            f"'judge', CASE WHEN json_type({judge}) = 'ARRAY' THEN {judge} ELSE '[]'::JSON END)::VARCHAR END")
+def _blob(value: Any, blobs: dict[str, str]) -> str | None:
+    if not value:
+        return None
+    ref, text = blob_ref(value)
+    blobs.setdefault(ref, text)
+    return ref
 
 
-def blobs_query(lines: str) -> str:
-    """(ref, content) of every distinct system prompt and tool list of `lines`."""
-    parts = with_parts(lines, texts=True)
-    return f"""
-    SELECT ref, any_value(content) FROM (
-        SELECT system_ref AS ref, system_text AS content FROM ({parts})
-        UNION ALL SELECT tools_ref, tools_text FROM ({parts}))
-    WHERE ref IS NOT NULL GROUP BY ref"""
+# The fields import-tb's SQL reads from a result line; everything else is left out of the reduced copy.
+_KEPT = ("uid", "finish_reason", "is_system_error", "test_result", "usage", "metadata", "error")
+
+
+def write_reduced(files: list[Path], out: Path) -> dict[str, str]:
+    """Stream the result files (one line in memory at a time) into `out`: per line, the fields the
+    SQL pass reads plus `transcript` (the document, as a JSON object) in place of the bulky
+    messages, tool definitions, test context and raw histories. Returns the blobs (ref -> JSON
+    text). A line that is not JSON stops it with its file and line number."""
+    from tbhpc.errors import UserError
+    blobs: dict[str, str] = {}
+    with open(out, "w", encoding="utf-8") as sink:
+        for f in files:
+            with open(f, encoding="utf-8") as fh:
+                for no, line in enumerate(fh, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        result = json.loads(line)
+                    except json.JSONDecodeError as exc:
+                        raise UserError(f"{f}: line {no}: not valid JSON ({exc.msg})") from None
+                    if not isinstance(result, dict):
+                        raise UserError(f"{f}: line {no}: expected a JSON object")
+                    doc = reference_doc(result, blobs)
+                    reduced = {k: result[k] for k in _KEPT if k in result}
+                    if isinstance(reduced.get("test_result"), dict):
+                        reduced["test_result"] = {k: v for k, v in reduced["test_result"].items() if k != "metadata"}
+                    if isinstance(reduced.get("metadata"), dict):
+                        reduced["metadata"] = {k: v for k, v in reduced["metadata"].items() if k in ("scenario", "error")}
+                    reduced["transcript"] = doc
+                    sink.write(json.dumps(reduced, ensure_ascii=False, separators=(",", ":")) + "\n")
+    return blobs
 
 
 # ---- reading back: reference messages -> tbhpc's OpenAI-style messages ----------------------
