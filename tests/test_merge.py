@@ -94,3 +94,11 @@ def test_a_row_longer_than_a_shard_line_keeps_all_but_its_messages(tmp_path, mon
     assert [m["role"] for m in note] == ["system", "note"] and "1 message (" in note[1]["content"]
     assert "4,096 bytes" in note[1]["content"]
     assert read_attempt(run.db, "t1", 0)["transcript"]["messages"] == json.loads(short)["messages"]
+
+
+def test_shards_of_kilobyte_rows_merge_on_one_thread(tmp_path):
+    """Two threads each hold a partial row group of transcripts and overflow the merge's budget."""
+    from tbhpc.store.merge import _threads_for
+    small = write_shard(tmp_path / "a", [_row(f"t{i}", i) for i in range(50)])
+    big = write_shard(tmp_path / "b", [{**_row(f"t{i}", i), "transcript": "x" * 3000} for i in range(50)])
+    assert _threads_for([small]) == 2 and _threads_for([big]) == 1 and _threads_for([]) == 2
