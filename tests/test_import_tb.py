@@ -212,3 +212,25 @@ def test_reference_conversations_become_transcripts_shown_by_show(tmp_path, usag
                  '[ASSISTANT -> get_order] {"order_id": "O-1", "full": true}', "[TOOL refund] refunded",
                  "rubric NO : Did it confirm the refund?", "'delivered' != 'refunded'"):
         assert text in shown.stdout, text
+
+
+def test_a_lone_surrogate_in_a_conversation_does_not_stop_the_import(tmp_path):
+    from tbhpc.store.transcripts import read_attempt
+    row = {"uid": "r.py:t", "test_result": {"result": True}, "usage": [{"input_tokens": 1}],
+           "messages": [{"T": "Text", "role": "user", "content": "odd \ud800 text é", "metadata": {}}]}
+    f = tmp_path / "r.jsonl"
+    f.write_text(json.dumps(row) + "\n")          # ensure_ascii: the surrogate is an escape in the file
+    run, _ = import_files([f], tmp_path / "imp")
+    assert read_attempt(run.db, "r.py:t")["transcript"]["messages"][0]["content"] == "odd ? text é"
+
+
+def test_a_line_duckdb_refuses_but_python_reads_is_imported_through_the_reduced_copy(tmp_path):
+    import duckdb
+    rows = [{"uid": "r.py:t", "test_result": {"result": True}, "usage": [{"input_tokens": 1}]},
+            {"uid": "r.py:t", "test_result": {"result": False}, "error": "x \ud800 y"}]
+    f = tmp_path / "r.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))       # DuckDB: "no low surrogate in string"
+    run, rep = import_files([f], tmp_path / "imp")
+    got = duckdb.connect(str(run.db), read_only=True).execute(
+        "SELECT attempt_index, passed, error FROM attempts ORDER BY 1").fetchall()
+    assert rep.rows == 2 and got == [(0, True, None), (1, False, "x ? y")]

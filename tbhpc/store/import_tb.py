@@ -19,7 +19,9 @@ the run and moved in only when everything checked out: a bad line stops the impo
 line number (found by a line-by-line scan, only then) and the run directory is never created.
 Two readers: typed (the reference's field types, parsed straight into structs) and, when a file
 does not fit those types (usage as one object, a number for a boolean), lenient (JSON values,
-Python's truthiness), about half as fast.
+Python's truthiness), about half as fast. A file with conversations, or one whose valid JSON
+DuckDB refuses (a lone surrogate escape), is first streamed through Python into a reduced copy
+(tbhpc.store.tb_transcripts), which the same SQL imports.
 """
 from __future__ import annotations
 
@@ -195,7 +197,11 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
             reduced, blobs = [], {}
             if _first_has_messages(files):     # a file with conversations: straight to the reduced copy
                 reduced, blobs = [work / "reduced.jsonl"], write_reduced(files, work / "reduced.jsonl")
-            reader = _insert(con, files, campaign, policy_id, reduced)
+            try:
+                reader = _insert(con, files, campaign, policy_id, reduced)
+            except _Unreadable:                 # valid JSON that DuckDB refuses (a lone surrogate escape)
+                reduced, blobs = [work / "reduced.jsonl"], write_reduced(files, work / "reduced.jsonl")
+                reader = _insert(con, files, campaign, policy_id, reduced)
             _check_rows(con, files)
             if not reduced and con.execute("SELECT count(transcript) FROM attempts").fetchone()[0]:
                 # conversations further down a file that began without: import the reduced copy instead
@@ -230,6 +236,11 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return run, ImportReport(rows=rows, reader=reader)
+
+
+class _Unreadable(UserError):
+    """Python's json reads every line but DuckDB's reader refuses one: the reduced copy (written by
+    Python, with lone surrogates replaced) is imported instead."""
 
 
 def _check_rows(con, files: list[Path]) -> None:
@@ -280,5 +291,6 @@ def _insert(con, files: list[Path], campaign: str, policy_id: str, reduced: list
             if problem:
                 raise UserError(problem) from None
             if reader is _lenient:
-                raise UserError(f"{files[0]}: DuckDB could not read the results ({' '.join(str(exc).split())[:200]}; "
-                                f"lines longer than {MAX_LINE_BYTES >> 20} MiB are not read)") from None
+                why = (f"{files[0]}: DuckDB could not read the results ({' '.join(str(exc).split())[:200]}; "
+                       f"lines longer than {MAX_LINE_BYTES >> 20} MiB are not read)")
+                raise (UserError if reduced else _Unreadable)(why) from None

@@ -71,7 +71,7 @@ def write_reduced(files: list[Path], out: Path) -> dict[str, str]:
     text). A line that is not JSON stops it with its file and line number."""
     from tbhpc.errors import UserError
     blobs: dict[str, str] = {}
-    with open(out, "w", encoding="utf-8") as sink:
+    with open(out, "w", encoding="utf-8", errors="replace") as sink:   # a lone surrogate (an escaped \ud800) -> "?"
         for f in files:
             with open(f, encoding="utf-8") as fh:
                 for no, line in enumerate(fh, 1):
