@@ -21,6 +21,7 @@ def add_parsers(sub) -> None:
     w.add_argument("--split", choices=("train", "eval", "all"), help="learn from a whole split instead (the demo: train)")
     w.add_argument("--size", default="tiny", help="shape of the new model: tiny (plumbing tests) or demo (the demo model)")
     w.add_argument("--warmup", type=int, default=0, help="linear warm-up steps, then linear decay to 5%% (0: constant lr)")
+    w.add_argument("--decay", type=int, help="steps the linear decay spans (default: --steps; more: a schedule cut short)")
     w.add_argument("--threads", type=int, default=1)
     w.add_argument("--recipe", choices=("demo",), help="a named set of the options below (the demo model's: "
                    "tbhpc/train/sft.py RECIPES); it replaces them")
@@ -110,7 +111,7 @@ def run_warmstart(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         base = str(args.base) if args.base else str(build_tiny_model(Path(tmp) / "base", seed=args.seed, size=args.size))
         phases = args.phases or [Phase(args.steps, args.lr, window=args.window, warmup=args.warmup,
-                                       decay=args.steps if args.warmup else 0)]
+                                       decay=(args.decay or args.steps) if args.warmup else 0)]
         out = sft(base, str(args.out), tasks, phases, batch_tokens=args.batch_tokens, seed=args.seed,
                   threads=args.threads, log=lambda m: print(m, flush=True), ask=args.ask,
                   progress=sys.stderr.isatty(), packed=args.size == "tiny", extra_tasks=extra,
