@@ -194,22 +194,22 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
             con.execute("SET preserve_insertion_order = true")
             con.execute("SET enable_progress_bar = false")
             con.execute(DDL)
-            reduced, blobs = [], {}
+            blobs: dict[str, str] = {}
             if _first_has_messages(files):     # a file with conversations: straight to the reduced copy
-                reduced, blobs = [work / "reduced.jsonl"], write_reduced(files, work / "reduced.jsonl")
-            try:
-                reader = _insert(con, files, campaign, policy_id, reduced)
-            except _Unreadable:                 # valid JSON that DuckDB refuses (a lone surrogate escape)
-                reduced, blobs = [work / "reduced.jsonl"], write_reduced(files, work / "reduced.jsonl")
-                reader = _insert(con, files, campaign, policy_id, reduced)
+                reader, blobs = _import_reduced(con, files, work, campaign, policy_id)
+            else:
+                try:
+                    reader = _insert(con, files, campaign, policy_id)
+                    _check_rows(con, files)
+                    # conversations further down a file that began without: the reduced copy instead
+                    redo = bool(con.execute("SELECT count(transcript) FROM attempts").fetchone()[0])
+                except _Unreadable:             # valid JSON that DuckDB refuses (a lone surrogate escape)
+                    redo = True
+                if redo:
+                    con.execute("DROP TABLE attempts")
+                    con.execute(DDL)
+                    reader, blobs = _import_reduced(con, files, work, campaign, policy_id)
             _check_rows(con, files)
-            if not reduced and con.execute("SELECT count(transcript) FROM attempts").fetchone()[0]:
-                # conversations further down a file that began without: import the reduced copy instead
-                con.execute("DROP TABLE attempts")
-                con.execute(DDL)
-                reduced, blobs = [work / "reduced.jsonl"], write_reduced(files, work / "reduced.jsonl")
-                reader = _insert(con, files, campaign, policy_id, reduced)
-                _check_rows(con, files)
             insert_rows(con, "blobs", [{"ref": r, "content": c} for r, c in blobs.items()],
                         {"ref": "VARCHAR", "content": "VARCHAR"})
             rows = con.execute("SELECT count(*) FROM attempts").fetchone()[0]
@@ -236,6 +236,14 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return run, ImportReport(rows=rows, reader=reader)
+
+
+def _import_reduced(con, files: list[Path], work: Path, campaign: str, policy_id: str) -> tuple[str, dict[str, str]]:
+    """Write the reduced copy of `files` (tbhpc.store.tb_transcripts) and import it; returns the
+    reader used and the transcripts' blobs."""
+    reduced = work / "reduced.jsonl"
+    blobs = write_reduced(files, reduced)
+    return _insert(con, files, campaign, policy_id, [reduced]), blobs
 
 
 class _Unreadable(UserError):
