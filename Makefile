@@ -45,10 +45,12 @@ test: env env-vllm browser $(WARM)/config.json
 # `make demo`: the published recipe on this machine with the demo model (committed warm start
 # models/demo-warm) -> probe -> select -> GRPO -> eval -> Table 1 in runs/demo/report.
 # `make demo QUICK=1`: the pipeline check (noisy oracle: probe -> select -> eval -> report, ~1 min).
+# `make demo MODEL=smollm2`: the same pipeline on SmolLM2-135M-Instruct, budgets in jobs/demo-smollm2.yaml.
 MODEL    ?= tiny
 QUICK    ?= 0
+DEMO_CONFIG := jobs/demo$(if $(filter tiny,$(MODEL)),,-$(MODEL)).yaml
 demo: env
-	$(VENV)/bin/tbhpc demo --config jobs/demo.yaml model=$(MODEL) quick=$(if $(filter 1,$(QUICK)),true,false)
+	$(VENV)/bin/tbhpc demo --config $(DEMO_CONFIG) model=$(MODEL) quick=$(if $(filter 1,$(QUICK)),true,false)
 
 # Regenerate the demo model's warm start (~70 min on 2 cores; models/README.md): a new ~1M-parameter
 # Qwen3 with the project's tokenizer, fine-tuned on oracle episodes of the train split and of 8 more

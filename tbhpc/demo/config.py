@@ -1,11 +1,12 @@
 """What `make demo` runs: one dataclass (jobs/demo.yaml, `key=value` overrides).
 
-The defaults are the published recipe scaled to one 2-core machine: the demo model the project
+The defaults (jobs/demo.yaml) are the published recipe scaled to one 2-core machine: the demo model the project
 built (the committed warm start models/demo-warm; `make warmstart-demo` regenerates it), probe
 n=8 on the train split, the Jeffreys pool, GRPO with groups of 8 (fewer groups per step and a
 larger learning rate than the 27B recipe: a 1M-parameter model on a CPU), and an evaluation of
 the warm start and the trained checkpoint on the held-out split x 20. `quick=true` keeps the old
-pipeline check: a noisy oracle instead of a model, no training.
+pipeline check: a noisy oracle instead of a model, no training. jobs/demo-smollm2.yaml scales
+the same pipeline down to what SmolLM2-135M costs here (`make demo MODEL=smollm2`).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class DemoConfig:
     seed: int = 0
     limit: int | None = None            # first N tasks of each split (smoke runs)
     tasks: str | None = None            # probe only these train-split ids (a pool file or id list); default: the whole split
+    sample: int | None = None           # an evenly spaced sample of N tasks of each split (every domain and template)
     probe_repeats: int = 8
     eval_repeats: int = 20
     workers: int = 2                    # campaign worker processes (one torch thread each)
@@ -44,6 +46,8 @@ class DemoConfig:
             raise UserError(f"demo config: field 'model' must be one of {', '.join(MODELS)}, got {self.model!r}")
         if not 0.0 <= self.skill <= 1.0:
             raise UserError(f"demo config: field 'skill' must be within [0, 1], got {self.skill}")
+        if self.sample is not None and (self.sample < 1 or self.tasks):
+            raise UserError("demo config: field 'sample' must be >= 1 and cannot be combined with 'tasks'")
         for name in ("probe_repeats", "eval_repeats", "workers", "concurrency", "max_tokens", "response_budget"):
             if getattr(self, name) < 1:
                 raise UserError(f"demo config: field {name!r} must be >= 1")

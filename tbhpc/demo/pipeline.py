@@ -51,10 +51,25 @@ def policy_opts(cfg: DemoConfig, model_path: str) -> dict:
 
 
 def campaign(cfg: DemoConfig, name: str, kind: str, split: str, repeats: int, model_path: str) -> CampaignConfig:
+    tasks = cfg.tasks if split == "train" else None
+    if cfg.sample:
+        tasks = str(sample_file(cfg, split))
     return CampaignConfig(name=name, kind=kind, split=split, repeats=repeats, pack=cfg.pack, limit=cfg.limit,
-                          tasks=cfg.tasks if split == "train" else None,
+                          tasks=tasks,
                           seed=cfg.seed, policy="tokens", policy_opts=policy_opts(cfg, model_path),
                           workers=cfg.workers, concurrency=cfg.concurrency, chunk_size=2 * cfg.concurrency)
+
+
+def sample_file(cfg: DemoConfig, split: str) -> Path:
+    """`sample` tasks of `split`, evenly spaced over the split's id order (so every domain and most
+    templates are in it), written once to the demo's directory as an id list."""
+    path = Path(cfg.out) / f"sample-{split}.txt"
+    if not path.exists():
+        ids = [t.id for t in select_tasks(CampaignConfig(pack=cfg.pack, split=split, limit=cfg.limit))]
+        n = min(cfg.sample, len(ids))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(ids[i * len(ids) // n] + "\n" for i in range(n)), encoding="utf-8")
+    return path
 
 
 def train_config(cfg: DemoConfig, out: Path, warm: str) -> dict:
@@ -66,18 +81,18 @@ def train_config(cfg: DemoConfig, out: Path, warm: str) -> dict:
 
 
 def ensure_warm_start(cfg: DemoConfig, console: Console) -> str:
-    """The warm start (committed for the demo model); rebuilt with the demo recipe if missing."""
+    """The warm start (committed for the demo model); built with the model's warm-start recipe
+    (`tbhpc warmstart --recipe demo|smollm2`) if missing."""
     warm = Path(cfg.warm_path)
     if (warm / "config.json").exists():
         console.print(f"   warm start: {warm} (cached)")
         return str(warm)
-    if cfg.model != "tiny":
-        raise UserError(f"demo: no warm start at {warm} for model={cfg.model} (give warm_start=DIR)")
     if cfg.pack:
         raise UserError(f"demo: no warm start at {warm}; the demo recipe learns the bundled pack "
                         f"(for {cfg.pack}: tbhpc warmstart --size demo --pack {cfg.pack} --split train --ask ..., then warm_start=DIR)")
     console.print(f"   warm start: building {warm} (SFT on oracle episodes of the train split; cached afterwards)")
-    cmd = [sys.executable, "-m", "tbhpc.cli", "warmstart", "--recipe", "demo", "--out", str(warm), "--seed", str(cfg.seed)]
+    recipe = "demo" if cfg.model == "tiny" else cfg.model
+    cmd = [sys.executable, "-m", "tbhpc.cli", "warmstart", "--recipe", recipe, "--out", str(warm), "--seed", str(cfg.seed)]
     _stream(cmd, console)
     return str(warm)
 

