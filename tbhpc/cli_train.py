@@ -50,12 +50,16 @@ def add_noise_parser(sub) -> None:
     n.add_argument("--threads", type=int, default=2)
     n.add_argument("--temperature", type=float, default=1.0,
                    help="gradient of softmax(logits / T) (default 1: what the trainer steps on)")
+    n.add_argument("--tokens", default="all", help="take the gradient over these generated tokens only: all (default), "
+                   "choices (sampled with p < 0.9), confident (p >= 0.9), tool-calls, text")
 
 
 def run_grad_noise(args) -> int:
     import yaml
 
-    from tbhpc.train.gradnoise import group_gradients, informative_groups, noise_of, report
+    from tbhpc.train.gradnoise import TOKEN_CLASSES, group_gradients, informative_groups, noise_of, report
+    if args.tokens not in TOKEN_CLASSES:
+        raise UserError(f"grad-noise: --tokens must be one of {', '.join(TOKEN_CLASSES)}, got {args.tokens!r}")
     cfg_file = args.run / "config.yaml"
     if not cfg_file.exists():
         raise UserError(f"grad-noise: {cfg_file} not found (is {args.run} a training run?)")
@@ -72,9 +76,18 @@ def run_grad_noise(args) -> int:
     print(f"grad-noise: {len(groups)} informative groups of steps {args.steps}, gradients at {model_dir}", flush=True)
     if args.temperature <= 0:
         raise UserError(f"grad-noise: --temperature must be > 0, got {args.temperature}")
-    noise = noise_of(group_gradients(model, groups, args.temperature))
+    from transformers import AutoTokenizer
+
+    from tbhpc.train.gradnoise import token_mask
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    ids = [tok.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>")]
+    ids = [i if isinstance(i, int) and i != tok.unk_token_id else None for i in ids]
+    if args.tokens in ("tool-calls", "text"):
+        token_mask(groups[0][0], args.tokens, *ids)      # no call markers: one line, before any gradient
+    noise = noise_of(group_gradients(model, groups, args.temperature, lambda e: token_mask(e, args.tokens, *ids)))
     from tbhpc.train.config import TrainConfig
-    print(report(noise, int(cfg.get("groups_per_step", TrainConfig.groups_per_step)), f"{args.run} steps {args.steps}"))
+    where = f"{args.run} steps {args.steps}" + (f", {args.tokens} tokens" if args.tokens != "all" else "")
+    print(report(noise, int(cfg.get("groups_per_step", TrainConfig.groups_per_step)), where))
     return 0
 
 

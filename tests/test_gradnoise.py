@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import yaml
 
+from tbhpc.errors import UserError
 from tbhpc.rollout.buffer import Episode, write_step
-from tbhpc.train.gradnoise import group_gradients, informative_groups, noise_of, report
+from tbhpc.train.gradnoise import group_gradients, informative_groups, noise_of, report, token_mask
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,6 +91,32 @@ def test_grad_noise_command_reads_a_runs_buffers(tiny_dir, tmp_path):
     assert out.returncode == 0, out.stderr
     assert "3 informative groups" in out.stdout and "two steps of 2 groups" not in out.stdout
     assert "cosine of two independent steps of 2 groups" in out.stdout
+    choices = subprocess.run([sys.executable, "-m", "tbhpc.cli", "grad-noise", str(run), "--steps", "1-2", "--threads", "1",
+                              "--tokens", "choices"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert choices.returncode == 0 and "1-2, choices tokens: 3 informative groups" in choices.stdout, choices.stderr
+    wrong = subprocess.run([sys.executable, "-m", "tbhpc.cli", "grad-noise", str(run), "--tokens", "verbs"],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "--tokens must be one of" in wrong.stderr
     bad = subprocess.run([sys.executable, "-m", "tbhpc.cli", "grad-noise", str(run), "--steps", "7"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "no buffer file for step 7" in bad.stderr
+
+
+def test_token_classes_split_the_loss_tokens():
+    """choices + confident and tool-calls + text each partition the generated tokens; a call's
+    markers count as part of it; prompt tokens are in no class."""
+    OPEN, CLOSE = 90, 91
+    tokens = np.array([1, 2, 3, 4, OPEN, 5, 6, CLOSE, 7, 8, OPEN, 9, CLOSE])
+    mask = np.array([0, 0, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1], np.uint8)
+    probs = np.array([1, 1, .5, .95, .99, .3, .97, .999, .2, 1, .8, .6, 1.0])
+    e = Episode(tokens, mask, np.log(probs), 0, 1.0, 0.5)
+    cls = {c: token_mask(e, c, OPEN, CLOSE) for c in ("all", "choices", "confident", "tool-calls", "text")}
+    assert cls["all"].tolist() == mask.astype(bool).tolist()
+    assert np.flatnonzero(cls["choices"]).tolist() == [2, 5, 8, 10, 11]
+    assert (cls["choices"] ^ cls["confident"]).tolist() == cls["all"].tolist() and not (cls["choices"] & cls["confident"]).any()
+    assert np.flatnonzero(cls["tool-calls"]).tolist() == [4, 5, 6, 7, 10, 11, 12]
+    assert np.flatnonzero(cls["text"]).tolist() == [2, 3, 8]
+    with pytest.raises(UserError, match="no <tool_call>"):
+        token_mask(e, "text")
+    with pytest.raises(UserError, match="must be one of"):
+        token_mask(e, "nouns", OPEN, CLOSE)

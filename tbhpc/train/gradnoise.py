@@ -59,10 +59,39 @@ def noise_of(grads: np.ndarray, seed: int = 0, splits: int = 64) -> GradientNois
     return GradientNoise(n, signal, noise, float(np.mean(cos)))
 
 
-def group_gradients(model, groups: list[list], temperature: float = 1.0) -> np.ndarray:
+# Which generated tokens a gradient is taken over (`grad-noise --tokens`): where is the signal?
+TOKEN_CLASSES = {
+    "all": "every generated token (what the trainer steps on)",
+    "choices": "tokens sampled with probability < 0.9 (the policy's real choices)",
+    "confident": "tokens sampled with probability >= 0.9",
+    "tool-calls": "tokens inside <tool_call> ... </tool_call>",
+    "text": "generated tokens outside tool calls",
+}
+
+
+def token_mask(e, cls: str, call_open: int | None = None, call_close: int | None = None) -> np.ndarray:
+    """The loss tokens of episode `e` in token class `cls` (TOKEN_CLASSES) as a bool array."""
+    mask = np.asarray(e.loss_mask, bool)
+    if cls == "all":
+        return mask
+    if cls in ("choices", "confident"):
+        sure = np.exp(np.asarray(e.logprobs, np.float64)) >= 0.9
+        return mask & (sure if cls == "confident" else ~sure)
+    if cls in ("tool-calls", "text"):
+        if call_open is None or call_close is None:
+            raise UserError("grad-noise: the tokenizer has no <tool_call> and </tool_call> tokens")
+        tokens = np.asarray(e.tokens)
+        depth = np.cumsum(tokens == call_open) - np.cumsum(np.concatenate([[False], tokens[:-1] == call_close]))
+        inside = depth > 0                  # from <tool_call> through </tool_call>
+        return mask & (inside if cls == "tool-calls" else ~inside)
+    raise UserError(f"grad-noise: --tokens must be one of {', '.join(TOKEN_CLASSES)}, got {cls!r}")
+
+
+def group_gradients(model, groups: list[list], temperature: float = 1.0, mask_of=None) -> np.ndarray:
     """One flattened gradient of -sum_episodes A * sum_loss_tokens log pi per group, at `model`
     (ratio 1: the on-policy GRPO gradient of that group, unnormalised). `temperature` != 1: of
-    the tempered policy softmax(logits / T) instead (the trainer steps on T = 1 today)."""
+    the tempered policy softmax(logits / T) instead (the trainer steps on T = 1 today).
+    `mask_of(episode)`: the tokens to take it over (default: the loss mask; see token_mask)."""
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -73,7 +102,7 @@ def group_gradients(model, groups: list[list], temperature: float = 1.0) -> np.n
             ids = torch.from_numpy(e.tokens.astype(np.int64))[None]
             logp = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[0, :-1].float() / temperature, -1)
             logp = logp.gather(1, ids[0, 1:, None])[:, 0]
-            mask = torch.from_numpy(e.loss_mask[1:].astype(np.float32))
+            mask = torch.from_numpy(np.asarray(mask_of(e) if mask_of else e.loss_mask)[1:].astype(np.float32))
             (-float(e.advantage) * (logp * mask).sum()).backward()
         rows.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in params]).numpy().copy())
     return np.stack(rows)
