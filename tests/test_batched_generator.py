@@ -112,6 +112,34 @@ def test_a_continued_conversation_reuses_its_cache(model):
         fresh.close()
 
 
+def test_idle_caches_stay_within_the_byte_budget_and_running_ones_are_kept(model):
+    """Idle conversations are dropped least recently used first once the caches pass the budget;
+    the sequences running together all keep theirs (over budget if they must), with the same tokens."""
+    from tbhpc.policy.batched import _slot_bytes
+    prompts, seeds = _prompts(6), list(range(6))
+    sampling = Sampling(temperature=1.0, max_tokens=10)
+    roomy = BatchedGenerator(model, eos_token_id=-1)
+    tight = BatchedGenerator(model, eos_token_id=-1, cache_bytes=1)
+    try:
+        together = _concurrently(tight, prompts, sampling, seeds)
+        assert [g.token_ids for g in together] == [g.token_ids for g in _concurrently(roomy, prompts, sampling, seeds)]
+        one = _slot_bytes(roomy.slots[0])
+        for p, s in zip(prompts, seeds):                               # one at a time: only the newest is kept
+            tight.generate(p, sampling, s)
+            assert len(tight.slots) == 1
+        budgeted = BatchedGenerator(model, eos_token_id=-1, cache_bytes=3 * one)
+        try:
+            for p, s in zip(prompts, seeds):
+                budgeted.generate(p, sampling, s)
+            assert len(budgeted.slots) == 3 and sum(map(_slot_bytes, budgeted.slots)) <= 3 * one
+        finally:
+            budgeted.close()
+        assert len(roomy.slots) == 6
+    finally:
+        roomy.close()
+        tight.close()
+
+
 def test_errors_reach_the_caller_and_the_generator_keeps_serving(model):
     gen = BatchedGenerator(model, eos_token_id=-1)
     good = []

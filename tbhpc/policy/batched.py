@@ -58,12 +58,16 @@ class BatchedGenerator:
     """`Generator` for a transformers Qwen3/Llama model; thread-safe, one scheduler thread."""
 
     def __init__(self, model: Any, eos_token_id: int, version: str = "base", max_slots: int = 128,
-                 max_batch: int = 128, min_shared_prefix: int = 16):
+                 max_batch: int = 128, min_shared_prefix: int = 16, cache_bytes: int = 2 << 30):
         import torch
         self.torch = torch
         self.eos = eos_token_id
         self.version = version
         self.max_slots, self.max_batch, self.min_shared = max_slots, max_batch, min_shared_prefix
+        # Idle conversations' caches are kept for their next turn and as prompt-prefix donors, up
+        # to max_slots and this many bytes (a SmolLM2-135M cache is ~46 KB per token: 128 idle
+        # episodes of 2k tokens would be 12 GB); caches of running sequences are never dropped.
+        self.cache_bytes = cache_bytes
         self.slots: list[_Slot] = []
         self.requests: queue.Queue[_Request] = queue.Queue()
         self.lock = threading.Lock()                 # weights and slots: the scheduler or load_weights
@@ -223,10 +227,14 @@ class BatchedGenerator:
 
     def _new_slot(self, capacity: int) -> _Slot:
         torch = self.torch
-        idle = [s for s in self.slots if not s.busy]
-        if len(self.slots) >= self.max_slots and idle:
-            self.slots.remove(min(idle, key=lambda s: s.used))
         dtype = self.model.model.embed_tokens.weight.dtype
+        need = 2 * len(self.layers) * self.kv_heads * capacity * self.head_dim * torch.empty((), dtype=dtype).element_size()
+        idle = sorted((s for s in self.slots if not s.busy), key=lambda s: s.used)
+        held = sum(_slot_bytes(s) for s in self.slots)
+        while idle and (len(self.slots) >= self.max_slots or held + need > self.cache_bytes):
+            oldest = idle.pop(0)                    # least recently used first
+            self.slots.remove(oldest)
+            held -= _slot_bytes(oldest)
         shape = (self.kv_heads, capacity, self.head_dim)
         s = _Slot([torch.zeros(shape, dtype=dtype) for _ in self.layers], [torch.zeros(shape, dtype=dtype) for _ in self.layers])
         self.slots.append(s)
@@ -288,6 +296,10 @@ class BatchedGenerator:
         last = torch.tensor([sum(lens[:i + 1]) - 1 for i in range(len(lens))])
         h_last = self.model.model.norm(x[last])
         return self.model.lm_head(h_last).float()
+
+
+def _slot_bytes(slot: _Slot) -> int:
+    return sum(t.numel() * t.element_size() for t in slot.keys + slot.values)
 
 
 def _rope(x, cos, sin):
