@@ -143,7 +143,9 @@ def _direct(con, files: list[Path]) -> bool:
     try:
         _insert(con, files, table="attempts")
         key = ", ".join(KEY)
-        dup = con.execute(f"SELECT count(*) FROM (SELECT 1 FROM attempts GROUP BY {key} HAVING count(*) > 1)").fetchone()[0]
+        # a key twice (or, once in ~10^10 merges of a million rows, two keys with one 64-bit hash):
+        # the staged path, which sorts duplicates out exactly. Half the time of grouping by the key.
+        dup = con.execute(f"SELECT count(*) - count(DISTINCT hash({key})) FROM attempts").fetchone()[0]
         if dup or _invalid_rows(con, table="attempts"):
             con.execute("ROLLBACK")
             return False
