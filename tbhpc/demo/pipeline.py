@@ -108,7 +108,8 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
         console.print(f"   [dim]{name}: {times[name]} s[/]")
 
     s = time.perf_counter()
-    console.print("[bold]1. policy[/]: the demo model, warm-started on the train split")
+    model = "the demo model" if cfg.model == "tiny" else "SmolLM2-135M-Instruct"
+    console.print(f"[bold]1. policy[/]: {model}, warm-started on the train split")
     warm = ensure_warm_start(cfg, console)
     stage("warm start", s)
 
@@ -194,7 +195,8 @@ def _stream(cmd: list[str], console: Console, env: dict | None = None) -> None:
 
 
 def _worth_showing(line: str) -> bool:
-    noise = ("Loading weights", "Writing model shards", "[WARNING]", "[INFO]", "warnings.warn", "UserWarning")
+    noise = ("Loading weights", "Writing model shards", "[WARNING]", "[INFO]", "warnings.warn", "UserWarning",
+             "FutureWarning", "return func(*args, **kwargs)")
     return bool(line.strip()) and not any(n in line for n in noise)
 
 
