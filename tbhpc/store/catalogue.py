@@ -22,8 +22,9 @@ from pathlib import Path
 import duckdb
 
 from tbhpc.errors import UserError
+from tbhpc.store.schema import task_stats_sql
 
-TABLES = ("attempts", "campaigns", "tasks", "plan", "task_stats", "blobs", "selections", "train_steps")
+TABLES = ("attempts", "campaigns", "tasks", "plan", "blobs", "selections", "train_steps")
 DB_NAME = "results.duckdb"
 
 
@@ -86,6 +87,9 @@ class Catalogue:
                 self.con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS " + " UNION ALL BY NAME ".join(parts))
             else:
                 self.con.execute(f"DROP VIEW IF EXISTS {table}")
+        # task_stats from the union views, per run (each run's own view would bind to those too)
+        if self.attached:
+            self.con.execute(f"CREATE OR REPLACE TEMP VIEW task_stats AS {task_stats_sql(per_run=True)}")
 
     def sql(self, query: str):
         self.refresh()

@@ -30,6 +30,21 @@ ATTEMPT_COLUMNS: dict[str, str] = {
 }
 SHARD_COLUMNS = {k: v for k, v in ATTEMPT_COLUMNS.items() if k != "shard"}  # `shard` is added at merge
 
+def task_stats_sql(per_run: bool = False) -> str:
+    """The `task_stats` view's query: per task and policy, attempts (n_rows), clean ones (n), passes
+    (c) and system errors. `per_run`: over the catalogue's union views, keyed by their `run` too
+    (a run's own view cannot be reused there: DuckDB binds its `attempts` to the union view)."""
+    run, on = ("a.run, ", "t.run = a.run AND ") if per_run else ("", "")
+    return f"""
+SELECT {run}a.campaign, a.policy_id, a.task_id, any_value(coalesce(t.domain, a.domain)) AS domain,
+       count(*) AS n_rows,
+       count(*) FILTER (WHERE a.status = 'ok') AS n,
+       count(*) FILTER (WHERE a.status = 'ok' AND a.passed) AS c,
+       count(*) FILTER (WHERE a.status = 'system_error') AS system_errors
+FROM attempts a LEFT JOIN tasks t ON {on}t.campaign = a.campaign AND t.task_id = a.task_id
+GROUP BY {run}a.campaign, a.policy_id, a.task_id"""
+
+
 DDL = f"""
 CREATE TABLE IF NOT EXISTS campaigns (
     campaign VARCHAR PRIMARY KEY, kind VARCHAR, policy_id VARCHAR, config_hash VARCHAR,
@@ -47,12 +62,5 @@ ALTER TABLE attempts ADD COLUMN IF NOT EXISTS transcript VARCHAR;
 CREATE TABLE IF NOT EXISTS blobs (ref VARCHAR PRIMARY KEY, content VARCHAR);
 CREATE TABLE IF NOT EXISTS merged_shards (shard VARCHAR PRIMARY KEY, rows INTEGER, merged_at TIMESTAMP);
 CREATE TABLE IF NOT EXISTS quarantined_shards (shard VARCHAR PRIMARY KEY, error VARCHAR, quarantined_at TIMESTAMP);
-CREATE OR REPLACE VIEW task_stats AS
-SELECT a.campaign, a.policy_id, a.task_id, any_value(coalesce(t.domain, a.domain)) AS domain,
-       count(*) AS n_rows,
-       count(*) FILTER (WHERE a.status = 'ok') AS n,
-       count(*) FILTER (WHERE a.status = 'ok' AND a.passed) AS c,
-       count(*) FILTER (WHERE a.status = 'system_error') AS system_errors
-FROM attempts a LEFT JOIN tasks t ON t.campaign = a.campaign AND t.task_id = a.task_id
-GROUP BY a.campaign, a.policy_id, a.task_id;
+CREATE OR REPLACE VIEW task_stats AS {task_stats_sql()};
 """
