@@ -1,7 +1,7 @@
 """What `make demo` runs: one dataclass (jobs/demo.yaml, `key=value` overrides).
 
-The defaults (jobs/demo.yaml) are the published recipe scaled to one 2-core machine: the demo model the project
-built (the committed warm start models/demo-warm; `make warmstart-demo` regenerates it), probe
+The defaults (jobs/demo.yaml) are the published recipe scaled to one 2-core machine: the demo
+model the project built (the committed warm start models/demo-warm; `make warmstart-demo` regenerates it), probe
 n=8 on the train split, the Jeffreys pool, GRPO with groups of 8 (fewer groups per step and a
 larger learning rate than the 27B recipe: a 1M-parameter model on a CPU), and an evaluation of
 the warm start and the trained checkpoint on the held-out split x 20. `quick=true` keeps the old

@@ -30,6 +30,7 @@ ATTEMPT_COLUMNS: dict[str, str] = {
 }
 SHARD_COLUMNS = {k: v for k, v in ATTEMPT_COLUMNS.items() if k != "shard"}  # `shard` is added at merge
 
+
 def task_stats_sql(per_run: bool = False) -> str:
     """The `task_stats` view's query: per task and policy, attempts (n_rows), clean ones (n), passes
     (c) and system errors. `per_run`: over the catalogue's union views, keyed by their `run` too
