@@ -86,6 +86,16 @@ def test_summary_with_twenty_repeats_matches_the_published_definitions():
     assert s["k/k"]["count"] == 1
 
 
+def test_task_shares_have_jeffreys_intervals_that_do_not_collapse_at_zero():
+    # no task at 20/20 among 24: a bootstrap over tasks would say [0%, 0%]; Beta(0.5, 24.5) says up to ~10%
+    s = summarise(_counts([(f"t{i}", "d", 20, i % 5) for i in range(24)]), bootstrap=200)
+    assert s["k/k"]["count"] == 0 and s["k/k"]["lo"] == 0.0
+    assert s["k/k"]["hi"] == pytest.approx(beta.ppf(0.975, 0.5, 24.5)) and s["k/k"]["hi"] > 0.05
+    # >=1: 19 of 24 tasks (c = i % 5 > 0)
+    assert s[">=1"]["count"] == 19 and s[">=1"]["value"] == pytest.approx(19 / 24)
+    assert (s[">=1"]["lo"], s[">=1"]["hi"]) == pytest.approx(jeffreys_interval(19, 24))
+
+
 def test_cost():
     usage = {"agent": {"input": 2_000_000, "cached": 500_000, "output": 100_000},
              "user": {"input": 1_000_000, "cached": 0, "output": 50_000},

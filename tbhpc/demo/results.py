@@ -4,7 +4,7 @@ task type with the collapse check, and the plots, all computed from the runs' Du
 `table1_markdown` is a pure function of two summaries and their paired comparison (golden-
 testable). Cost intervals: the campaign's total cost is fixed by its token counts, so the
 interval of cost per success is the total over the Jeffreys interval of the successes (and per
-reliable task over the bootstrap interval of the k/k share).
+reliable task over the Jeffreys interval of the k/k task count).
 """
 from __future__ import annotations
 

@@ -62,6 +62,12 @@ def _ci(value: float, lo: float, hi: float) -> dict:
     return {"value": float(value), "lo": float(lo), "hi": float(hi)}
 
 
+def _task_share(count: int, tasks: int) -> dict:
+    """A share of tasks (k/k, >=1) with the Jeffreys interval over the task count: a bootstrap over
+    tasks of a 0/1 indicator collapses to [0, 0] when no task qualifies (and to [1, 1] when all do)."""
+    return {"count": count, **_ci(count / tasks, *jeffreys_interval(count, tasks))}
+
+
 def per_task_metrics(n: np.ndarray, c: np.ndarray, ks: list[int]) -> tuple[list[str], np.ndarray]:
     """Columns: pass@1 per task, pass@k, pass^k unbiased, pass^k reference, k/k, >=1."""
     names, cols = ["pass@1"], [c / np.maximum(n, 1)]
@@ -94,8 +100,8 @@ def summarise(counts: Counts, prices: dict | None = None, bootstrap: int = 1000,
         "pass^k": {k: {"unbiased": _ci(mean[col[f"pass^{k}"]], lo[col[f"pass^{k}"]], hi[col[f"pass^{k}"]]),
                        "reference": _ci(mean[col[f"pass^{k}_ref"]], lo[col[f"pass^{k}_ref"]], hi[col[f"pass^{k}_ref"]])}
                    for k in ks},
-        "k/k": {"count": kk, **_ci(mean[col["k/k"]], lo[col["k/k"]], hi[col["k/k"]])},
-        ">=1": {"count": int((c >= 1).sum()), **_ci(mean[col[">=1"]], lo[col[">=1"]], hi[col[">=1"]])},
+        "k/k": _task_share(kk, int(n.size)),
+        ">=1": _task_share(int((c >= 1).sum()), int(n.size)),
         "by_domain": by_domain(n, c, domains),
     }
     if prices:
