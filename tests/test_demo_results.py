@@ -27,13 +27,25 @@ def test_a_model_that_learned_both_kinds_is_not_flagged():
 
 
 def test_always_refusing_is_flagged_on_the_types_that_need_a_change():
-    warm = rows({"r-1": [(1, "g1")] * 2, "r-2": [(1, "g2")] * 2, "x-1": [(0, "z")] * 2, "x-2": [(0, "z")] * 2})
-    refuses = rows({t: [(KINDS[t][2] == KINDS[t][3], KINDS[t][2])] * 2 for t in KINDS})   # never writes anything
+    warm = rows({"r-1": [(1, "g1")] * 10, "r-2": [(1, "g2")] * 10, "x-1": [(0, "z")] * 10, "x-2": [(0, "z")] * 10})
+    refuses = rows({t: [(KINDS[t][2] == KINDS[t][3], KINDS[t][2])] * 10 for t in KINDS})   # never writes anything
     table = type_table(KINDS, warm, refuses)
     assert [r.flag != "" for r in table] == [True, False]
     assert "refuses" in table[0].flag and global_collapse(table) == "the trained model never changes the database on any task type"
     md = type_markdown(table)
     assert md.splitlines()[2].startswith("| refund | retail | 2 | changed | 1.00 | 0.00 | -1.00 | 1.00 / 0.00 | **always keeps")
+
+
+def test_a_fixed_behaviour_on_a_handful_of_attempts_is_noted_not_flagged():
+    """4 of 4 attempts keeping the state is what a model acting half the time does 1 time in 16."""
+    warm = rows({"r-1": [(1, "g1")] * 2, "r-2": [(1, "g2")] * 2, "x-1": [(1, "i3")] * 2, "x-2": [(1, "i4")] * 2})
+    refuses = rows({t: [(KINDS[t][2] == KINDS[t][3], KINDS[t][2])] * 2 for t in KINDS})
+    table = type_table(KINDS, warm, refuses)
+    assert [r.flag for r in table] == ["", ""]
+    assert table[0].note == "always keeps the state (refuses) where the tasks need a change (on 4 attempts: too few to tell)"
+    # 10 attempts per task (20 per type = MIN_ATTEMPTS) are enough to call it
+    more = rows({t: [(KINDS[t][2] == KINDS[t][3], KINDS[t][2])] * 10 for t in KINDS})
+    assert type_table(KINDS, warm, more)[0].flag.startswith("always keeps")
 
 
 def test_a_type_the_warm_start_never_acted_on_is_noted_not_flagged():

@@ -7,8 +7,8 @@ state alone: `kept` (the database is unchanged: refused, answered or transferred
 `changed` (it wrote something), and each task type by what its golden calls do. A type is
 flagged when the trained model does one thing on (nearly) all of its attempts while the type's
 tasks need the other and the warm start did not already (a type the model never learned to act on
-is a gap of the warm start, shown but not flagged), or when the trained model does the same thing
-on every type.
+is a gap of the warm start, shown but not flagged; a type with fewer than MIN_ATTEMPTS trained
+attempts is shown but not flagged either), or when the trained model does the same thing on every type.
 """
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ from tbhpc.env.grade import golden_state, initial_state
 from tbhpc.env.state import state_hash
 
 FIXED = 0.95        # share of a type's attempts doing one thing that counts as "always"
+# Below 1 / (1 - FIXED) attempts, ">= 95%" can only mean "all of a handful", which a model that
+# acts half the time does on 4 attempts one time in 16: such a type is noted, not flagged.
+MIN_ATTEMPTS = round(1 / (1 - FIXED))
 
 
 @dataclass
@@ -79,6 +82,8 @@ def type_table(kinds: dict, warm_rows: list[tuple], trained_rows: list[tuple]) -
             what, before = "", False
         if before:
             row.note = what + " (so did the warm start)"
+        elif what and a["t"][1] < MIN_ATTEMPTS:
+            row.note = f"{what} (on {a['t'][1]} attempts: too few to tell)"
         else:
             row.flag = what
         out.append(row)
