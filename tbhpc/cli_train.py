@@ -68,22 +68,23 @@ def run_grad_noise(args) -> int:
     groups = informative_groups(args.run / "buffers", steps)
     if len(groups) < 2:
         raise UserError(f"grad-noise: steps {args.steps} of {args.run} hold {len(groups)} informative group(s); need 2 or more")
-    import torch
-    from transformers import AutoModelForCausalLM
-    torch.set_num_threads(args.threads)
-    model_dir = str(args.model or cfg.get("model", ""))
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    print(f"grad-noise: {len(groups)} informative groups of steps {args.steps}, gradients at {model_dir}", flush=True)
     if args.temperature <= 0:
         raise UserError(f"grad-noise: --temperature must be > 0, got {args.temperature}")
-    from transformers import AutoTokenizer
+    import torch
+    from transformers import AutoModelForCausalLM
 
     from tbhpc.train.gradnoise import token_mask
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    ids = [tok.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>")]
-    ids = [i if isinstance(i, int) and i != tok.unk_token_id else None for i in ids]
-    if args.tokens in ("tool-calls", "text"):
+    torch.set_num_threads(args.threads)
+    model_dir = str(args.model or cfg.get("model", ""))
+    ids: list[int | None] = [None, None]
+    if args.tokens in ("tool-calls", "text"):     # only these classes need the call markers' ids
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        ids = [tok.convert_tokens_to_ids(t) for t in ("<tool_call>", "</tool_call>")]
+        ids = [i if isinstance(i, int) and i != tok.unk_token_id else None for i in ids]
         token_mask(groups[0][0], args.tokens, *ids)      # no call markers: one line, before any gradient
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    print(f"grad-noise: {len(groups)} informative groups of steps {args.steps}, gradients at {model_dir}", flush=True)
     noise = noise_of(group_gradients(model, groups, args.temperature, lambda e: token_mask(e, args.tokens, *ids)))
     from tbhpc.train.config import TrainConfig
     where = f"{args.run} steps {args.steps}" + (f", {args.tokens} tokens" if args.tokens != "all" else "")
