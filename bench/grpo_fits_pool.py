@@ -31,8 +31,9 @@ from rich.table import Table
 
 from tbhpc.campaign.config import CampaignConfig, select_tasks
 from tbhpc.campaign.runner import run_campaign
+from tbhpc.demo.pipeline import eval_ids_file, evenly_spaced
+from tbhpc.metrics.agg import load_counts
 from tbhpc.metrics.stats import jeffreys_interval
-from tbhpc.store.merge import connect
 from tbhpc.store.run_dir import RunDir
 
 GEN = {"generator": "batched", "max_tokens": 160, "response_budget": 640, "temperature": 1.0, "threads": 1}
@@ -45,13 +46,9 @@ def campaign(name: str, kind: str, tasks: Path, repeats: int, model: str, seed: 
 
 
 def counts(run: Path) -> dict[str, tuple[int, int]]:
-    con = connect(RunDir(run), read_only=True)
-    try:
-        rows = con.execute("SELECT task_id, count(*), sum(passed::INT) FROM attempts WHERE status = 'ok' "
-                           "GROUP BY 1 ORDER BY 1").fetchall()
-    finally:
-        con.close()
-    return {t: (int(n), int(c)) for t, n, c in rows}
+    """task id -> (clean attempts, successes)."""
+    c = load_counts(RunDir(run))
+    return {t: (int(n), int(k)) for t, n, k in zip(c.task_ids.tolist(), c.n, c.c) if n}
 
 
 def pick(probe: dict[str, tuple[int, int]], k: int) -> list[str]:
@@ -78,7 +75,7 @@ def main() -> int:
     sample = out / "sample.txt"
     if not sample.exists():
         ids = [t.id for t in select_tasks(CampaignConfig(split="train"))]
-        sample.write_text("".join(ids[i * len(ids) // args.sample] + "\n" for i in range(args.sample)))
+        sample.write_text("".join(i + "\n" for i in evenly_spaced(ids, args.sample)))
     console.rule(f"1. probe {args.sample} train tasks x 8 with {args.model}")
     run_campaign(campaign("probe", "probe", sample, 8, args.model, args.seed), out / "probe", console=console)
 
@@ -94,7 +91,7 @@ def main() -> int:
     export = out / "train" / "exports" / f"step-{args.steps:06d}"
     if not (export / "config.json").exists():
         cfg = {"name": "grpo-fit", "model": args.model, "pool": str(pool), "seed": args.seed,
-               "exclude": ["tbhpc/data/packs/default/eval_ids.txt"], "steps": args.steps, "group_size": 8,
+               "exclude": eval_ids_file(None), "steps": args.steps, "group_size": 8,
                "groups_per_step": args.tasks, "max_draws": 2 * args.tasks, "generator": "batched",
                "episodes_in_flight": 32, "max_tokens": GEN["max_tokens"], "response_budget": GEN["response_budget"],
                "lr": args.lr, "zero_stage": 3, "microbatch_tokens": 8192, "torch_threads": 2, "checkpoint_every": 5,

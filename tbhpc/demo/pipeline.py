@@ -66,10 +66,15 @@ def sample_file(cfg: DemoConfig, split: str) -> Path:
     path = Path(cfg.out) / f"sample-{split}.txt"
     if not path.exists():
         ids = [t.id for t in select_tasks(CampaignConfig(pack=cfg.pack, split=split, limit=cfg.limit))]
-        n = min(cfg.sample, len(ids))
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(ids[i * len(ids) // n] + "\n" for i in range(n)), encoding="utf-8")
+        path.write_text("".join(i + "\n" for i in evenly_spaced(ids, cfg.sample)), encoding="utf-8")
     return path
+
+
+def evenly_spaced(ids: list[str], n: int) -> list[str]:
+    """`n` of `ids` (all of them if fewer), evenly spaced over their order."""
+    n = min(n, len(ids))
+    return [ids[i * len(ids) // n] for i in range(n)]
 
 
 def train_config(cfg: DemoConfig, out: Path, warm: str) -> dict:
