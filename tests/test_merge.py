@@ -58,6 +58,17 @@ def test_a_corrupt_shard_in_a_first_merge_is_quarantined_and_the_rest_lands(tmp_
     assert _rows(run) == [("t0", 0, "ok", True), ("t1", 0, "ok", True)]
 
 
+def test_a_shard_with_an_unknown_status_or_no_key_in_a_first_merge_is_quarantined(tmp_path):
+    run = _run(tmp_path)
+    write_shard(run.shards, [_row("t0", 0), _row("t1", 0)], name="a.jsonl")
+    write_shard(run.shards, [_row("t2", 0, status="done")], name="b.jsonl")
+    write_shard(run.shards, [{**_row("t2", 1), "attempt_index": None}], name="c.jsonl")
+    rep = merge(run)
+    assert sorted(name for name, _ in rep.quarantined) == ["b.jsonl", "c.jsonl"]
+    assert all("without a full attempt key or with an unknown status" in why for _, why in rep.quarantined)
+    assert _rows(run) == [("t0", 0, "ok", True), ("t1", 0, "ok", True)]
+
+
 def test_running_out_of_memory_stops_the_merge_and_quarantines_nothing(tmp_path, monkeypatch):
     import pytest
 
