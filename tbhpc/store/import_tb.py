@@ -213,16 +213,10 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
             insert_rows(con, "blobs", [{"ref": r, "content": c} for r, c in blobs.items()],
                         {"ref": "VARCHAR", "content": "VARCHAR"})
             rows = con.execute("SELECT count(*) FROM attempts").fetchone()[0]
-            plan = [{"task_id": t, "domain": d, "split": None, "n_golden_calls": None, "tags": [], "template": None,
-                     "repeats": int(n)} for t, d, n in con.execute(
-                "SELECT task_id, any_value(domain), count(*) FROM attempts GROUP BY 1 ORDER BY 1").fetchall()]
             meta = {"campaign": campaign, "kind": "eval", "policy_id": policy_id, "config_hash": None, "pack_hash": None,
                     "config": {"imported_from": [str(f) for f in files]}, "source": "thinkingbox",
                     "created_at": datetime.now(timezone.utc).isoformat(sep=" ")[:26]}
-            # what a merge would load from the run's files, straight from the rows
-            con.execute("INSERT INTO tasks SELECT campaign, task_id, any_value(domain), NULL, NULL, []::VARCHAR[], NULL "
-                        "FROM attempts GROUP BY campaign, task_id")
-            con.execute("INSERT INTO plan SELECT campaign, task_id, policy_id, count(*) FROM attempts GROUP BY ALL")
+            plan = _write_plan(con, work / "plan.jsonl")
             insert_campaign(con, meta)
             con.execute("CHECKPOINT")
         finally:
@@ -236,6 +230,21 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return run, ImportReport(rows=rows, reader=reader)
+
+
+def _write_plan(con, path: Path) -> Path:
+    """The run's plan (a task per uid, its lines as repeats) and the `tasks` and `plan` rows a
+    merge would load from it, from one pass over the attempts; plan.jsonl is written by DuckDB
+    (a Python dict per task cost a third of a second at 50,000 tasks)."""
+    con.execute("CREATE TEMP TABLE per_task AS SELECT campaign, task_id, policy_id, any_value(domain) AS domain, "
+                "count(*)::INTEGER AS repeats FROM attempts GROUP BY campaign, task_id, policy_id")
+    con.execute("INSERT INTO tasks SELECT campaign, task_id, domain, NULL, NULL, []::VARCHAR[], NULL FROM per_task")
+    con.execute("INSERT INTO plan SELECT campaign, task_id, policy_id, repeats FROM per_task")
+    con.execute(f"COPY (SELECT task_id, domain, NULL::VARCHAR AS split, NULL::INTEGER AS n_golden_calls, "
+                f"[]::VARCHAR[] AS tags, NULL::VARCHAR AS template, repeats FROM per_task ORDER BY task_id) "
+                f"TO {literal(str(path))} (FORMAT json)")
+    con.execute("DROP TABLE per_task")
+    return path
 
 
 def _import_reduced(con, files: list[Path], work: Path, campaign: str, policy_id: str) -> tuple[str, dict[str, str]]:

@@ -78,15 +78,19 @@ class RunDir:
             raise UserError(f"{self.path}: not a run directory (no campaign.json)")
         return self
 
-    def create(self, config: dict, config_hash: str, campaign: dict, plan_rows: list[dict],
+    def create(self, config: dict, config_hash: str, campaign: dict, plan_rows: list[dict] | Path,
                tasks: list[dict] | None = None) -> None:
+        """`plan_rows`: the plan's rows, or a finished plan file on the same file system (moved in)."""
         for d in (self.path, self.shards, self.logs):
             d.mkdir(parents=True, exist_ok=True)
         _atomic_text(self.config_file, yaml.safe_dump(config, sort_keys=False))
         if tasks is not None:
             _atomic_text(self.tasks_file, json.dumps(tasks, ensure_ascii=False))
         _atomic_text(self.hash_file, config_hash + "\n")
-        _atomic_text(self.plan_file, "".join(json.dumps(r, sort_keys=True) + "\n" for r in plan_rows))
+        if isinstance(plan_rows, Path):
+            os.replace(plan_rows, self.plan_file)
+        else:
+            _atomic_text(self.plan_file, "".join(json.dumps(r, sort_keys=True) + "\n" for r in plan_rows))
         _atomic_text(self.campaign_file, json.dumps(campaign, indent=1, sort_keys=True) + "\n")  # last: marks a complete run dir
 
     def campaign(self) -> dict:
