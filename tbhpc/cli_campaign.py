@@ -3,15 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.console import Console
-
-from tbhpc.campaign.runner import run_campaign
-from tbhpc.campaign.config import CampaignConfig, read_task_ids
-from tbhpc.campaign.executors import make_executor
-from tbhpc.campaign.validate import validate
-from tbhpc.config import load_config
-from tbhpc.store.merge import merge
 from tbhpc.store.run_dir import RunDir
+
+# Building the parser imports nothing heavy: every `tbhpc` command builds all of them, so each
+# command imports what it runs (the campaign runner, DuckDB, rich) when it runs.
 
 KIND_DEFAULTS = {
     "probe": {"name": "probe", "kind": "probe", "split": "train", "repeats": 8},
@@ -46,9 +41,15 @@ def add_parsers(sub) -> None:
 
 
 def run(args) -> int:
+    from rich.console import Console
+
+    from tbhpc.campaign.config import CampaignConfig, read_task_ids
+    from tbhpc.config import load_config
     console = Console(stderr=True)
     if args.cmd in ("probe", "eval"):
         overrides = list(args.overrides) + ([f"workers={args.workers}"] if args.workers else [])
+        from tbhpc.campaign.executors import make_executor
+        from tbhpc.campaign.runner import run_campaign
         cfg = load_config(CampaignConfig, args.config, overrides, base=KIND_DEFAULTS[args.cmd])
         res = run_campaign(cfg, args.out, make_executor(args.executor, cfg.workers, cfg.slurm), console)
         print(f"{args.out}: {res.planned} planned, {res.already_done} already done, {res.executed} executed "
@@ -70,11 +71,13 @@ def run(args) -> int:
         print(render_status(run_status(run_dir)), end="")
         return 0
     if args.cmd == "merge":
+        from tbhpc.store.merge import merge
         rep = merge(run_dir)
         for line in rep.lines():
             console.print(f"[red]error[/]: {line}")
         print(f"{args.run}: merged {rep.new_shards} new shard(s), {rep.rows} attempt row(s)")
         return 1 if rep.quarantined else 0
+    from tbhpc.campaign.validate import validate
     ids = read_task_ids(args.tasks) if args.tasks else None
     val = validate(run_dir, ids, args.repeats)
     print(val.summary())

@@ -3,15 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.console import Console
-
-from tbhpc.campaign.validate import validate
 from tbhpc.errors import UserError
-from tbhpc.metrics import render
-from tbhpc.metrics.agg import compare, load_counts, load_prices, summarise
 from tbhpc.selection.bands import DEFAULT_KEEP
-from tbhpc.selection.pool import SelectConfig, run_select
 from tbhpc.store.run_dir import RunDir
+
+# Building the parser imports nothing heavy (every `tbhpc` command builds all of them): each
+# command imports what it runs (metrics and scipy, DuckDB, rich) when it runs.
 
 
 def add_parsers(sub) -> None:
@@ -68,6 +65,8 @@ def add_parsers(sub) -> None:
 
 
 def checked_counts(path: Path, allow_incomplete: bool):
+    from tbhpc.campaign.validate import validate
+    from tbhpc.metrics.agg import load_counts
     run = RunDir(path).require()
     val = validate(run)
     if not val.ok and not allow_incomplete:
@@ -78,6 +77,10 @@ def checked_counts(path: Path, allow_incomplete: bool):
 
 def run(args) -> int:
     if args.cmd == "agg":
+        from rich.console import Console
+
+        from tbhpc.metrics import render
+        from tbhpc.metrics.agg import compare, load_prices, summarise
         prices = load_prices(args.prices) if args.prices else None
         counts = checked_counts(args.run, args.allow_incomplete)
         summary = summarise(counts, prices, args.bootstrap)
@@ -100,6 +103,7 @@ def run(args) -> int:
     if args.cmd == "select":
         return _select(args)
     if args.cmd == "report":
+        from tbhpc.metrics.agg import load_prices
         from tbhpc.report.build import build_report
         if RunDir(args.run).campaign().get("kind") == "train":
             from tbhpc.report.train import build_train_report
@@ -180,6 +184,7 @@ def _sql(args) -> int:
         w.writerow(names)
         w.writerows(rows)
     else:
+        from rich.console import Console
         from rich.table import Table
         table = Table(*names)
         for r in rows:
@@ -192,6 +197,7 @@ def _sql(args) -> int:
 def _select(args) -> int:
     from tbhpc.campaign.config import CampaignConfig, pack_path
     from tbhpc.config import from_dict
+    from tbhpc.selection.pool import SelectConfig, run_select
     run = RunDir(args.run).require()
     excludes = [str(p) for p in args.exclude]
     camp = run.campaign()
