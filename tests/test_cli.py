@@ -62,3 +62,13 @@ def test_warmstart_recipes_name_only_real_options():
     for name, recipe in RECIPES.items():
         assert set(recipe) - {"phases"} <= set(args), name
     assert RECIPES["demo"]["split"] == "train" and RECIPES["demo"]["size"] == "demo"
+
+
+def test_building_the_parser_imports_nothing_heavy():
+    # every command builds every subparser: the campaign runner, DuckDB, scipy and torch load
+    # with the command that uses them (they made `tbhpc --help` 0.5 s and 92 MiB)
+    code = ("import sys; from tbhpc.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('scipy', 'duckdb', 'torch', 'tbhpc.campaign.runner', 'tbhpc.metrics.agg') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
