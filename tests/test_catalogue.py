@@ -67,6 +67,61 @@ def test_runs_of_an_older_schema_join_with_nulls(runs, tmp_path):
     with pytest.raises(UserError, match="sql: .*no_such_table"):
         cat.sql("SELECT * FROM no_such_table")
     cat.close()
+    only_old = Catalogue(tmp_path / "old")          # no transcripts anywhere: no tool_calls view, the rest works
+    assert only_old.sql("SELECT count(*) FROM attempts").fetchone()[0] == 1
+    with pytest.raises(UserError, match="sql: .*tool_calls"):
+        only_old.sql("SELECT * FROM tool_calls")
+    only_old.close()
+
+
+def test_tool_calls_reads_both_transcript_formats(runs, tmp_path):
+    import shutil
+
+    from tbhpc.store.import_tb import import_files
+    from tbhpc.store.merge import merge
+    from tbhpc.store.run_dir import RunDir
+    from tbhpc.store.shards import write_shard
+    from tbhpc.store.transcripts import compact
+    root = tmp_path / "root"
+    shutil.copytree(runs / "oracle", root / "oracle")
+    # the reference harness's format: a parallel call (one marked failed by the harness), then a single one
+    call = {"T": "ToolCall", "name": "get_order", "arguments": {"order_id": "O-1"}, "id": "c1", "metadata": {}}
+    bad = {**call, "id": "c2", "name": "bad", "arguments": {}, "metadata": {"error": "unknown tool bad"}}
+    messages = [{"T": "Text", "role": "user", "content": "Refund O-1", "metadata": {}},
+                {"T": "ParallelToolCall", "tool_calls": [call, bad], "metadata": {}},
+                {"T": "ToolResponse", "name": "get_order", "content": '{"status": "delivered"}', "id": "c1", "metadata": {}},
+                {"T": "ToolCall", "name": "refund", "arguments": {"order_id": "O-1"}, "id": "c3", "metadata": {}},
+                {"T": "ToolResponse", "name": "refund", "content": "refunded", "id": "c3", "metadata": {}}]
+    results = tmp_path / "tb.jsonl"
+    results.write_text(json.dumps({"uid": "r.py:t1", "messages": messages, "test_result": {"result": False}}) + "\n")
+    import_files([results], root / "imported")
+    # tbhpc's own format, where the backend answered a call with a business error
+    run = RunDir(root / "own")
+    run.create({"name": "own"}, "h", {"campaign": "own", "kind": "eval", "policy_id": "p"},
+               [{"task_id": "t", "domain": "retail", "split": "eval", "n_golden_calls": 1, "tags": [], "template": "x", "repeats": 1}])
+    own = [{"role": "user", "content": "cancel O-9"},
+           {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1_0", "type": "function", "function": {
+               "name": "cancel_order", "arguments": '{"order_id": "O-9"}'}}]},
+           {"role": "tool", "tool_call_id": "call_1_0", "name": "cancel_order",
+            "content": '{"error": "no such order", "tool": "cancel_order"}'}]
+    write_shard(run.shards, [{"campaign": "own", "task_id": "t", "attempt_index": 0, "policy_id": "p", "domain": "retail",
+                              "status": "ok", "passed": False, "reward": 0.0, "transcript": compact(own, [], "done", [], None)}])
+    merge(run)
+
+    cat = Catalogue(root)
+    got = [(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6]) for r in cat.sql(
+        "SELECT run, message, call_id, tool, arguments, output, error FROM tool_calls WHERE run <> 'oracle' "
+        "ORDER BY run, message, call_id").fetchall()]
+    assert got == [("imported", 1, "c1", "get_order", {"order_id": "O-1"}, '{"status": "delivered"}', None),
+                   ("imported", 1, "c2", "bad", {}, None, "unknown tool bad"),
+                   ("imported", 3, "c3", "refund", {"order_id": "O-1"}, "refunded", None),
+                   ("own", 1, "call_1_0", "cancel_order", {"order_id": "O-9"},
+                    '{"error": "no such order", "tool": "cancel_order"}', "no such order")]
+    # every call in the oracle's transcripts, each answered, none failed
+    calls = sum(len(m.get("tool_calls") or []) for (t,) in cat.sql("SELECT transcript FROM attempts WHERE run = 'oracle'").fetchall()
+                for m in json.loads(t)["messages"])
+    assert calls > 0 and cat.sql("SELECT count(*), count(output), count(error) FROM tool_calls WHERE run = 'oracle'").fetchone() == (calls, calls, 0)
+    cat.close()
 
 
 def test_sql_and_export_from_the_command_line(runs, tmp_path):

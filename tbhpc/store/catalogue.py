@@ -5,7 +5,9 @@ policies should not mean attaching files by hand. The catalogue attaches every r
 under ROOT read-only, in an in-memory DuckDB, and defines union views with a `run` column (the
 run's path relative to ROOT): `attempts`, `campaigns`, `tasks`, `plan`, `task_stats`, `blobs`,
 `selections` and `train_steps` where runs have them. Runs of older schema versions join in with
-NULL for the columns they lack (UNION ALL BY NAME).
+NULL for the columns they lack (UNION ALL BY NAME). One more view reads inside the transcripts:
+`tool_calls`, a row per tool call of every attempt (tbhpc's OpenAI-style messages and the
+reference harness's imported ones alike), with its arguments, its output and the error it got.
 
 Every query rescans ROOT, so a run added after the catalogue was opened is seen by the next
 query. A run whose merge is writing at that moment holds DuckDB's write lock: the catalogue
@@ -26,6 +28,45 @@ from tbhpc.store.schema import task_stats_sql
 
 TABLES = ("attempts", "campaigns", "tasks", "plan", "blobs", "selections", "train_steps")
 DB_NAME = "results.duckdb"
+
+# A row per tool call, from both transcript formats: tbhpc's (assistant messages with OpenAI
+# `tool_calls`, outputs in `tool` messages by `tool_call_id`) and an import's ("format":
+# "thinkingbox": ToolCall / ParallelToolCall messages, outputs in ToolResponse by `id`). `message`
+# is the call's position in the transcript's messages (system prompt excluded); `arguments` is
+# JSON text; `output` is the first response with the call's id after it; `error` is the
+# harness's mark on the call or the `error` field of a JSON-object output.
+TOOL_CALLS_SQL = """
+WITH msg AS (
+    SELECT run, campaign, task_id, attempt_index, policy_id, status, passed,
+           coalesce(transcript->>'format' = 'thinkingbox', false) AS tb,
+           unnest(from_json(transcript->'messages', '["JSON"]')) AS m,
+           generate_subscripts(from_json(transcript->'messages', '["JSON"]'), 1) - 1 AS message
+    FROM attempts WHERE transcript LIKE '{%'
+), calls AS (
+    SELECT * EXCLUDE (m),
+           unnest(CASE WHEN NOT tb THEN from_json(m->'tool_calls', '["JSON"]')
+                       WHEN m->>'T' = 'ToolCall' THEN [m]
+                       WHEN m->>'T' = 'ParallelToolCall' THEN from_json(m->'tool_calls', '["JSON"]') END) AS c
+    FROM msg
+), outputs AS (
+    SELECT run, campaign, task_id, attempt_index, policy_id, message,
+           CASE WHEN tb THEN m->>'id' ELSE m->>'tool_call_id' END AS call_id, m->>'content' AS output
+    FROM msg WHERE CASE WHEN tb THEN m->>'T' = 'ToolResponse' ELSE m->>'role' = 'tool' END
+), named AS (
+    SELECT * EXCLUDE (c, tb), c->>'id' AS call_id,
+           CASE WHEN tb THEN c->>'name' ELSE c->'function'->>'name' END AS tool,
+           CASE WHEN tb THEN (c->'arguments')::VARCHAR ELSE c->'function'->>'arguments' END AS arguments,
+           CASE WHEN tb THEN nullif(c->'metadata'->>'error', '') END AS call_error
+    FROM calls
+)
+SELECT n.run, n.campaign, n.task_id, n.attempt_index, n.policy_id, n.status, n.passed, n.message, n.call_id,
+       n.tool, n.arguments, o.output,
+       coalesce(n.call_error, CASE WHEN json_valid(o.output) AND json_type(o.output) = 'OBJECT'
+                                   THEN o.output->>'error' END) AS error
+FROM named n ASOF LEFT JOIN outputs o
+  ON o.run = n.run AND o.campaign = n.campaign AND o.task_id = n.task_id AND o.attempt_index = n.attempt_index
+ AND o.policy_id IS NOT DISTINCT FROM n.policy_id AND o.call_id = n.call_id AND o.message > n.message
+"""
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -87,9 +128,13 @@ class Catalogue:
                 self.con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS " + " UNION ALL BY NAME ".join(parts))
             else:
                 self.con.execute(f"DROP VIEW IF EXISTS {table}")
-        # task_stats from the union views, per run (each run's own view would bind to those too)
-        if self.attached:
-            self.con.execute(f"CREATE OR REPLACE TEMP VIEW task_stats AS {task_stats_sql(per_run=True)}")
+        # views over the union views (a run's own task_stats would bind to those too), where the
+        # runs have what they read: older schemas may lack `tasks` or `transcript`
+        for view, sql in (("task_stats", task_stats_sql(per_run=True)), ("tool_calls", TOOL_CALLS_SQL)):
+            try:
+                self.con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS {sql}")
+            except (duckdb.BinderException, duckdb.CatalogException):
+                self.con.execute(f"DROP VIEW IF EXISTS {view}")
 
     def sql(self, query: str):
         self.refresh()
