@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -66,8 +65,11 @@ def time_subprocess(n: int) -> tuple[float, float]:
         start = time.perf_counter()
         subprocess.run([sys.executable, "-c", "pass"], check=True)
         times.append(time.perf_counter() - start)
-    child_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return statistics.median(times), child_kib / 1024
+    # the child's own peak (VmHWM): RUSAGE_CHILDREN's ru_maxrss would carry this process's peak,
+    # which Linux hands down across fork and exec
+    peak = subprocess.run([sys.executable, "-c", "print([l.split()[1] for l in open('/proc/self/status') "
+                           "if l.startswith('VmHWM:')][0])"], check=True, capture_output=True, text=True)
+    return statistics.median(times), int(peak.stdout) / 1024
 
 
 def memory_per_episode(tasks, k: int) -> float:
