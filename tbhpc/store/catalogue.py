@@ -34,24 +34,30 @@ DB_NAME = "results.duckdb"
 # "thinkingbox": ToolCall / ParallelToolCall messages, outputs in ToolResponse by `id`). `message`
 # is the call's position in the transcript's messages (system prompt excluded); `arguments` is
 # JSON text; `output` is the first response with the call's id after it; `error` is the
-# harness's mark on the call or the `error` field of a JSON-object output.
+# harness's mark on the call or the `error` field of a JSON-object output. Each transcript is
+# parsed once, into the few fields read, and only messages that call or answer a tool go on:
+# 100,000 transcripts of 29 messages take ~2 s and ~180 MiB (all messages as JSON values: 11 s, 1 GB).
 TOOL_CALLS_SQL = """
 WITH msg AS (
-    SELECT run, campaign, task_id, attempt_index, policy_id, status, passed,
-           coalesce(transcript->>'format' = 'thinkingbox', false) AS tb,
-           unnest(from_json(transcript->'messages', '["JSON"]')) AS m,
-           generate_subscripts(from_json(transcript->'messages', '["JSON"]'), 1) - 1 AS message
-    FROM attempts WHERE transcript LIKE '{%'
+    SELECT * FROM (SELECT * EXCLUDE (l, m), m.*
+    FROM (SELECT *, unnest(l) AS m, generate_subscripts(l, 1) - 1 AS message
+          FROM (SELECT run, campaign, task_id, attempt_index, policy_id, status, passed,
+                       coalesce(transcript->>'format' = 'thinkingbox', false) AS tb,
+                       from_json(transcript->'messages', '[{"role": "VARCHAR", "T": "VARCHAR", "tool_calls": "JSON",
+                           "tool_call_id": "VARCHAR", "id": "VARCHAR", "name": "VARCHAR", "arguments": "JSON",
+                           "content": "VARCHAR", "metadata": "JSON"}]') AS l
+                FROM attempts WHERE transcript LIKE '{%')))
+    WHERE tool_calls IS NOT NULL OR role = 'tool' OR T IN ('ToolCall', 'ToolResponse')
 ), calls AS (
-    SELECT * EXCLUDE (m),
-           unnest(CASE WHEN NOT tb THEN from_json(m->'tool_calls', '["JSON"]')
-                       WHEN m->>'T' = 'ToolCall' THEN [m]
-                       WHEN m->>'T' = 'ParallelToolCall' THEN from_json(m->'tool_calls', '["JSON"]') END) AS c
-    FROM msg
+    SELECT run, campaign, task_id, attempt_index, policy_id, status, passed, message, tb,
+           unnest(CASE WHEN NOT tb THEN from_json(tool_calls, '["JSON"]')
+                       WHEN T = 'ToolCall' THEN [json_object('id', id, 'name', name, 'arguments', arguments, 'metadata', metadata)]
+                       WHEN T = 'ParallelToolCall' THEN from_json(tool_calls, '["JSON"]') END) AS c
+    FROM msg WHERE tool_calls IS NOT NULL OR T = 'ToolCall'
 ), outputs AS (
     SELECT run, campaign, task_id, attempt_index, policy_id, message,
-           CASE WHEN tb THEN m->>'id' ELSE m->>'tool_call_id' END AS call_id, m->>'content' AS output
-    FROM msg WHERE CASE WHEN tb THEN m->>'T' = 'ToolResponse' ELSE m->>'role' = 'tool' END
+           CASE WHEN tb THEN id ELSE tool_call_id END AS call_id, content AS output
+    FROM msg WHERE CASE WHEN tb THEN T = 'ToolResponse' ELSE role = 'tool' END
 ), named AS (
     SELECT * EXCLUDE (c, tb), c->>'id' AS call_id,
            CASE WHEN tb THEN c->>'name' ELSE c->'function'->>'name' END AS tool,
