@@ -43,7 +43,7 @@ _READ = ("read_json({files}, format='newline_delimited', columns={columns}, file
 
 
 # a row that cannot land: part of its key missing, or a status the metrics do not know
-_INVALID = "WHERE " + " OR ".join(f"{k} IS NULL" for k in KEY) + " OR status NOT IN ('ok', 'system_error')"
+_INVALID = " OR ".join(f"{k} IS NULL" for k in KEY) + " OR status NOT IN ('ok', 'system_error')"
 
 _READ_PLAN = ("read_json({path}, format='newline_delimited', columns={{'task_id': 'VARCHAR', 'domain': 'VARCHAR', "
               "'split': 'VARCHAR', 'n_golden_calls': 'INTEGER', 'tags': 'VARCHAR[]', 'template': 'VARCHAR', 'repeats': 'INTEGER'}})")
@@ -149,7 +149,7 @@ def _direct(con, files: list[Path]) -> bool:
         # a key twice (or, once in ~10^10 merges of a million rows, two keys with one 64-bit hash):
         # the staged path, which sorts duplicates out exactly. Half the time of grouping by the key;
         # invalid rows are counted in the same scan.
-        dup, invalid = con.execute(f"SELECT count(*) - count(DISTINCT hash({key})), count(*) FILTER ({_INVALID}) "
+        dup, invalid = con.execute(f"SELECT count(*) - count(DISTINCT hash({key})), count(*) FILTER (WHERE {_INVALID}) "
                                    "FROM attempts").fetchone()
         if dup or invalid:
             con.execute("ROLLBACK")
@@ -214,7 +214,7 @@ def _columns() -> str:
 
 
 def _invalid_rows(con, shard: str | None = None, table: str = "staging") -> str | None:
-    where = _INVALID if shard is None else f"WHERE shard = {literal(shard)} AND ({_INVALID[6:]})"
+    where = f"WHERE {_INVALID}" if shard is None else f"WHERE shard = {literal(shard)} AND ({_INVALID})"
     n = con.execute(f"SELECT count(*) FROM {table} {where}").fetchone()[0]
     return f"{n} row(s) without a full attempt key or with an unknown status" if n else None
 
