@@ -216,12 +216,12 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
             meta = {"campaign": campaign, "kind": "eval", "policy_id": policy_id, "config_hash": None, "pack_hash": None,
                     "config": {"imported_from": [str(f) for f in files]}, "source": "thinkingbox",
                     "created_at": datetime.now(timezone.utc).isoformat(sep=" ")[:26]}
-            plan = _write_plan(con, work / "plan.jsonl")
+            _write_plan(con, work / "plan.jsonl")
             insert_campaign(con, meta)
             con.execute("CHECKPOINT")
         finally:
             con.close()
-        run.create({"imported_from": [str(f) for f in files]}, "imported", meta, plan)
+        run.create({"imported_from": [str(f) for f in files]}, "imported", meta, work / "plan.jsonl")
         os.replace(db, run.db)
     except BaseException:
         if created and run.path.exists():
@@ -232,7 +232,7 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
     return run, ImportReport(rows=rows, reader=reader)
 
 
-def _write_plan(con, path: Path) -> Path:
+def _write_plan(con, path: Path) -> None:
     """The run's plan (a task per uid, its lines as repeats) and the `tasks` and `plan` rows a
     merge would load from it, from one pass over the attempts; plan.jsonl is written by DuckDB
     (a Python dict per task cost a third of a second at 50,000 tasks)."""
@@ -244,7 +244,6 @@ def _write_plan(con, path: Path) -> Path:
                 f"[]::VARCHAR[] AS tags, NULL::VARCHAR AS template, repeats FROM per_task ORDER BY task_id) "
                 f"TO {literal(str(path))} (FORMAT json)")
     con.execute("DROP TABLE per_task")
-    return path
 
 
 def _import_reduced(con, files: list[Path], work: Path, campaign: str, policy_id: str) -> tuple[str, dict[str, str]]:
