@@ -1,6 +1,7 @@
 """One rank's rollouts for a step (tbhpc/train/rollouts.py) with the real warm-started model in
 process: zero-variance groups are replaced until B mixed ones exist in draw order, system errors
-are re-run and counted, a group that cannot be completed is dropped and never scored.
+are re-run and counted, a group that cannot be completed is dropped and never scored, a step
+stopped by a signal is left undecided and redrawn identically.
 
 The generator is wrapped to fail on chosen calls: an endpoint that breaks is what this tests,
 and a real one cannot be made to break on cue. Everything else is real (model, episodes, grading).
@@ -120,3 +121,38 @@ def test_samples_from_older_weights_than_the_step_expects_are_not_trained_on(eng
     outcomes = run_rank_rollouts(ctx, queue, step=3, expected_version=2)    # the generator still says "base"
     assert [g.status for g in outcomes] == [DROPPED, DROPPED]
     assert all("expected step 2" in g.error for g in outcomes)
+
+
+def test_a_step_stopped_mid_rollouts_is_abandoned_and_redrawn_identically(engine, tasks_by_id):
+    """A preemption signal during the rollouts (the trainer's stop event, set here when the 6th
+    episode starts, with groups 0 and 1 in flight): they finish, no further group is claimed, the
+    queue is aborted for every other rank and the step stays undecided, so the trainer records
+    nothing of it. The step drawn again from a fresh queue -- what the requeued job does -- gives
+    what an uninterrupted step gives (the uninterrupted step here needs draws 0-2)."""
+    def outcome(groups, cutoff=None):
+        return [(g.index, g.task_id, g.status, [r.episode.reward for r in g.rollouts])
+                for g in groups if cutoff is None or g.index <= cutoff]
+
+    ctx, _ = _ctx(engine, tasks_by_id)
+    queue = DrawQueue(make_store(0, 1), step=1, need=2, cap=12)
+    reference = outcome(run_rank_rollouts(ctx, queue, step=1, expected_version=0), queue.cutoff())
+    assert [g[0] for g in reference] == [0, 1, 2]
+
+    stop, started, lock = threading.Event(), set(), threading.Lock()
+
+    def signal_when_the_sixth_episode_starts(seed):
+        with lock:
+            started.add(seed // 1009)              # TokenSession seeds a turn with episode_seed * 1009 + turn
+            if len(started) == 6:
+                stop.set()
+        return False
+
+    ctx, _ = _ctx(engine, tasks_by_id, fail=signal_when_the_sixth_episode_starts)
+    queue = DrawQueue(make_store(0, 1), step=1, need=2, cap=12)
+    abandoned = run_rank_rollouts(ctx, queue, step=1, expected_version=0, stop=stop)
+    assert stop.is_set() and queue.aborted() and queue.claim() is None
+    assert outcome(abandoned) == reference[:2]         # the groups in flight finished; draw 2 never started
+    assert queue.cutoff() is None                       # undecided: the trainer raises Preempted here
+
+    queue = DrawQueue(make_store(0, 1), step=1, need=2, cap=12)     # the requeued job's fresh queue
+    assert outcome(run_rank_rollouts(ctx, queue, step=1, expected_version=0), queue.cutoff()) == reference

@@ -124,9 +124,10 @@ def test_a_resumed_run_with_other_hyperparameters_is_refused(uninterrupted, warm
 
 
 def test_preempted_slurm_run_requeues_and_reaches_the_same_weights(uninterrupted, warm_dir, pool, tmp_path):
-    """3 ranks under Slurm, USR2 after step 1 (what Slurm sends before a time limit): the ranks
-    stop, rank 0 requeues the job, the restart resumes from the DeepSpeed checkpoint and redraws
-    step 2 identically. Same kept groups, same rewards, the same weights up to summation order."""
+    """3 ranks under Slurm, USR2 once step 1's rollouts are recorded (what Slurm sends before a time
+    limit): the ranks stop after step 1 or during step 2's rollouts, rank 0 requeues the job, the
+    restart resumes from the DeepSpeed checkpoint and redraws step 2 identically. Same kept groups,
+    same rewards, the same weights up to summation order."""
     if not os.environ.get("SLURM_CONF") or not shutil.which("sbatch"):
         if os.environ.get("TBHPC_REQUIRE_SLURM"):
             pytest.fail("TBHPC_REQUIRE_SLURM is set but no cluster is configured (SLURM_CONF)")
@@ -138,21 +139,22 @@ def test_preempted_slurm_run_requeues_and_reaches_the_same_weights(uninterrupted
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert sub.returncode == 0, sub.stderr
     job = json.loads(json.dumps(__import__("yaml").safe_load((run / "slurm" / "train-jobs.yaml").read_text())))["train"]
-    steps_log = run / "logs" / "train_steps.jsonl"
+    # Step 1's buffers exist once its rollouts are agreed done: from then on the signal is acted on
+    # after step 1 at the earliest, and step 2's update is ~15 s away (a CI run once sent it 4 s
+    # into step 2's rollouts and the run finished without seeing it).
     deadline = time.monotonic() + 600
-    while not (steps_log.exists() and steps_log.read_text().strip()):
-        assert time.monotonic() < deadline, "step 1 never landed"
+    while not list((run / "buffers").glob("step-000001.*h5")):
+        assert time.monotonic() < deadline, "step 1's rollouts never ended"
         assert _state(job), f"the job ended before step 1; see {run}/logs/slurm"
-        time.sleep(1)
-    time.sleep(4)     # into step 2's rollouts: the step is abandoned and redrawn after the restart
-    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+        time.sleep(0.5)
+    timeline = _signal_until_acknowledged(job, run)
     deadline = time.monotonic() + 900
     while _state(job):
         assert time.monotonic() < deadline, "the requeued job did not finish"
         time.sleep(2)
-    log = "".join(p.read_text() for p in (run / "logs" / "slurm").glob("*.out"))
-    assert "requeued job" in log and "resumed from the DeepSpeed checkpoint of step" in log, log[-3000:]
-    assert "stopped during the rollouts of step 2" in log or "stopped after step 1" in log, log[-3000:]
+    log = _slurm_log(run)
+    assert "requeued job" in log and "resumed from the DeepSpeed checkpoint of step" in log, (timeline, log[-3000:])
+    assert "stopped during the rollouts of step 2" in log or "stopped after step 1" in log, (timeline, log[-3000:])
     assert (run / "exports" / "step-000002").exists(), log[-3000:]
     # the same groups with the same rewards as the uninterrupted 1-rank run
     assert _rows(run) == _rows(ref)
@@ -164,6 +166,25 @@ def test_preempted_slurm_run_requeues_and_reaches_the_same_weights(uninterrupted
     MACHINE_NOTES.append(f"preemption test: weights moved {moved:.2e} in 2 steps; requeued 3-rank run vs "
                          f"uninterrupted 1-rank run: max |dw| {diff:.2e}")
     assert diff < moved * 1e-2, (moved, diff)
+
+
+def _signal_until_acknowledged(job: str, run: Path, every_s: float = 3.0) -> list[str]:
+    """scancel --signal=USR2, again every `every_s` until a rank logs it got one (a handler that is
+    already stopping ignores repeats) or the job ends; returns the timeline for failure messages."""
+    timeline = []
+    while _state(job):
+        timeline.append(f"{time.strftime('%H:%M:%S')} USR2 sent")
+        subprocess.run(["scancel", "--signal=USR2", job], check=True)
+        sent = time.monotonic()
+        while time.monotonic() - sent < every_s:
+            if "got SIGUSR2" in _slurm_log(run):
+                return timeline + [line for line in _slurm_log(run).splitlines() if "got SIGUSR2" in line]
+            time.sleep(0.2)
+    return timeline + ["the job ended before any rank got the signal"]
+
+
+def _slurm_log(run: Path) -> str:
+    return "".join(p.read_text() for p in (run / "logs" / "slurm").glob("*.out"))
 
 
 def _state(job: str) -> str:

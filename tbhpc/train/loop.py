@@ -289,7 +289,14 @@ class Trainer:
         if threading.current_thread() is not threading.main_thread():
             return
         for sig in (signal.SIGUSR2, signal.SIGTERM):
-            signal.signal(sig, lambda *_: self.stop.set())
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, _frame) -> None:
+        # os.write, not print: the handler may interrupt a print of the main thread on the same stream
+        if not self.stop.is_set():
+            os.write(2, f"train: rank {self.env.rank} got {signal.Signals(signum).name} at "
+                        f"{datetime.now().strftime('%H:%M:%S.%f')[:-3]}; stopping at the next safe point\n".encode())
+        self.stop.set()
 
     def _agree_to_stop(self) -> bool:
         return bool(self.eng.all_reduce([1.0 if self.stop.is_set() else 0.0], "max")[0])
