@@ -49,11 +49,15 @@ def test_import_maps_fields(sample, tmp_path):
     assert counts.usage["agent"] == {"input": 6 * 2500, "cached": 800, "output": 6 * 300}
     val = validate(run)
     assert val.expected == 6 and len(val.system_errors) == 1 and not val.missing
+    assert (rep.tasks, rep.system_errors) == (2, 1)      # what `tbhpc import-tb` prints, without a validation pass
 
 
 def test_imported_runs_aggregate_and_refuse_when_incomplete(sample, tmp_path):
     f1, f2, a, b = sample
-    import_files([f1, f2], tmp_path / "imp")
+    imported = subprocess.run([sys.executable, "-m", "tbhpc.cli", "import-tb", str(f1), str(f2), "--out", str(tmp_path / "imp")],
+                              capture_output=True, text=True)
+    assert imported.returncode == 0, imported.stderr
+    assert imported.stdout == f"{tmp_path / 'imp'}: imported 6 attempt rows for 2 tasks (typed read); 1 system error(s)\n"
     cli = [sys.executable, "-m", "tbhpc.cli", "agg", str(tmp_path / "imp"), "--format", "json"]
     refused = subprocess.run(cli, capture_output=True, text=True)
     assert refused.returncode == 2 and "incomplete (1 system-error key(s))" in refused.stderr

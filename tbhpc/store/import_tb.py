@@ -65,6 +65,8 @@ _TOKENS = {"in": "x.input_tokens", "cached": "x.input_tokens_details.cached_toke
 @dataclass
 class ImportReport(MergeReport):
     reader: str = "typed"      # typed: the reference's field types; lenient: JSON values, Python truthiness
+    tasks: int = 0             # distinct uids
+    system_errors: int = 0     # lines that are system errors (each line is its own attempt: nothing else can be wrong)
 
 
 def _truthy(expr: str) -> str:
@@ -75,11 +77,13 @@ def _truthy(expr: str) -> str:
             f"ELSE try_cast({expr} ->> '$' AS DOUBLE) <> 0 END, false)")    # an absent field is false too
 
 
-def _read(files: list[Path], columns: dict[str, str]) -> str:
+def _read(files: list[Path], columns: dict[str, str], numbered: bool = True) -> str:
+    """The named fields of every line, with its position (`numbered`: the scan then runs on one
+    thread; unnumbered reads exist only for bench/results_scale.py's floors)."""
     names = literal_list(files)
     cols = "{" + ", ".join(f"'{k}': '{v}'" for k, v in columns.items()) + "}"
-    return (f"SELECT ordinality AS line_order, * FROM read_json({names}, format='newline_delimited', columns={cols}, "
-            f"maximum_object_size={MAX_LINE_BYTES}) WITH ORDINALITY")
+    scan = f"read_json({names}, format='newline_delimited', columns={cols}, maximum_object_size={MAX_LINE_BYTES})"
+    return f"SELECT ordinality AS line_order, * FROM {scan} WITH ORDINALITY" if numbered else f"SELECT 0 AS line_order, * FROM {scan}"
 
 
 def _tokens(usage: str) -> str:
@@ -95,7 +99,7 @@ def _transcript(reduced: bool) -> tuple[dict[str, str], str]:
     return {"messages": "JSON"}, f"CASE WHEN {_HAS_MESSAGES} THEN '' END"
 
 
-def _typed(files: list[Path], reduced: bool = False) -> str:
+def _typed(files: list[Path], reduced: bool = False, numbered: bool = True) -> str:
     """Per line: task_id, finish_reason, sys, ok_result, reward_value, t_*, scenario, err, bad_fields,
     tb (the failed test's traceback) and transcript."""
     column, transcript = _transcript(reduced)
@@ -107,7 +111,7 @@ def _typed(files: list[Path], reduced: bool = False) -> str:
                metadata.scenario AS scenario,
                coalesce(nullif(metadata.error, ''), nullif(test_result.error, ''), nullif(error, '')) AS err,
                false AS bad_fields, test_result.tb AS tb, {transcript} AS transcript
-        FROM ({_read(files, {**_TYPED, **column})})"""
+        FROM ({_read(files, {**_TYPED, **column}, numbered)})"""
 
 
 def _lenient(files: list[Path], reduced: bool = False) -> str:
@@ -132,13 +136,15 @@ def _lenient(files: list[Path], reduced: bool = False) -> str:
               FROM ({_read(files, {**_LENIENT, **column})}))"""
 
 
-def _select(lines: str, campaign: str, policy_id: str) -> str:
-    """Attempt rows (and a `bad` flag) from the per-line columns of `_typed` or `_lenient`."""
+def _select(lines: str, campaign: str, policy_id: str, numbered: bool = True) -> str:
+    """Attempt rows (and a `bad` flag) from the per-line columns of `_typed` or `_lenient` (not
+    `numbered`: every attempt_index 0, for bench/results_scale.py's floors)."""
     file_part = "split_part(task_id, ':', 1)"
+    index = "row_number() OVER (PARTITION BY task_id ORDER BY line_order) - 1" if numbered else "0"
     tokens = ", ".join(f"t_{k} AS agent_{k}" if r == "agent" else f"0 AS {r}_{k}" for r in ROLES for k in _TOKENS)
     return f"""
     SELECT {literal(campaign)} AS campaign, task_id,
-           (row_number() OVER (PARTITION BY task_id ORDER BY line_order) - 1)::INTEGER AS attempt_index,
+           ({index})::INTEGER AS attempt_index,
            {literal(policy_id)} AS policy_id,
            coalesce(nullif(scenario, ''), CASE WHEN suffix({file_part}, '.py') THEN {file_part}[:-4] ELSE {file_part} END) AS domain,
            CASE WHEN sys THEN NULL ELSE coalesce(reward_value, CASE WHEN ok_result THEN 1.0 ELSE 0.0 END) END AS reward,
@@ -212,7 +218,8 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
             _check_rows(con, files)
             insert_rows(con, "blobs", [{"ref": r, "content": c} for r, c in blobs.items()],
                         {"ref": "VARCHAR", "content": "VARCHAR"})
-            rows = con.execute("SELECT count(*) FROM attempts").fetchone()[0]
+            rows, tasks, system_errors = con.execute("SELECT count(*), count(DISTINCT task_id), "
+                                                     "count(*) FILTER (WHERE status = 'system_error') FROM attempts").fetchone()
             meta = {"campaign": campaign, "kind": "eval", "policy_id": policy_id, "config_hash": None, "pack_hash": None,
                     "config": {"imported_from": [str(f) for f in files]}, "source": "thinkingbox",
                     "created_at": datetime.now(timezone.utc).isoformat(sep=" ")[:26]}
@@ -229,7 +236,7 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return run, ImportReport(rows=rows, reader=reader)
+    return run, ImportReport(rows=rows, reader=reader, tasks=tasks, system_errors=system_errors)
 
 
 def _write_plan(con, path: Path) -> None:
