@@ -171,10 +171,11 @@ def test_preempted_slurm_run_requeues_and_reaches_the_same_weights(uninterrupted
 def _signal_until_acknowledged(job: str, run: Path, every_s: float = 3.0) -> list[str]:
     """scancel --signal=USR2, again every `every_s` until a rank logs it got one (a handler that is
     already stopping ignores repeats) or the job ends; returns the timeline for failure messages."""
-    timeline = []
+    timeline, deadline = [], time.monotonic() + 300
     while _state(job):
+        assert time.monotonic() < deadline, timeline + ["no rank said it got the signal in 300 s"]
         timeline.append(f"{time.strftime('%H:%M:%S')} USR2 sent")
-        subprocess.run(["scancel", "--signal=USR2", job], check=True)
+        subprocess.run(["scancel", "--signal=USR2", job], capture_output=True)     # the job may just have ended
         sent = time.monotonic()
         while time.monotonic() - sent < every_s:
             if "got SIGUSR2" in _slurm_log(run):

@@ -292,11 +292,14 @@ class Trainer:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, _frame) -> None:
-        # os.write, not print: the handler may interrupt a print of the main thread on the same stream
-        if not self.stop.is_set():
-            os.write(2, f"train: rank {self.env.rank} got {signal.Signals(signum).name} at "
-                        f"{datetime.now().strftime('%H:%M:%S.%f')[:-3]}; stopping at the next safe point\n".encode())
+        first = not self.stop.is_set()
         self.stop.set()
+        if first:   # os.write, not print: the handler may interrupt the main thread's print on this stream
+            try:
+                os.write(2, f"train: rank {self.env.rank} got {signal.Signals(signum).name} at "
+                            f"{datetime.now().strftime('%H:%M:%S.%f')[:-3]}; stopping at the next safe point\n".encode())
+            except OSError:
+                pass    # stderr gone (a closed pipe): stopping matters, the line does not
 
     def _agree_to_stop(self) -> bool:
         return bool(self.eng.all_reduce([1.0 if self.stop.is_set() else 0.0], "max")[0])
