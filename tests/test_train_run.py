@@ -178,8 +178,9 @@ def _signal_until_acknowledged(job: str, run: Path, every_s: float = 3.0) -> lis
         subprocess.run(["scancel", "--signal=USR2", job], capture_output=True)     # the job may just have ended
         sent = time.monotonic()
         while time.monotonic() - sent < every_s:
-            if "got SIGUSR2" in _slurm_log(run):
-                return timeline + [line for line in _slurm_log(run).splitlines() if "got SIGUSR2" in line]
+            acknowledged = [line for line in _slurm_log(run).splitlines() if "got SIGUSR2" in line]
+            if acknowledged:
+                return timeline + acknowledged
             time.sleep(0.2)
     return timeline + ["the job ended before any rank got the signal"]
 
