@@ -44,9 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("pack", nargs="?", default=None, help="pack file or directory (default: bundled pack)")
     x.add_argument("--domain", action="append", default=[], help="only these domains (repeatable)")
     x.add_argument("--split", choices=("train", "eval", "all"), default="all")
-    g = tsub.add_parser("generate", help="regenerate the bundled pack from templates")
+    g = tsub.add_parser("generate", help="regenerate a bundled pack from its templates (or fresh instances: --seed)")
     g.add_argument("--out", type=Path, required=True)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--pack", choices=("full", "demo"), default="full",
+                   help="full: the pack for real models (default); demo: the compact pack sized for the demo model")
+    g.add_argument("--seed", type=int, default=None, help="another seed writes fresh instances of the same templates")
 
     ep = sub.add_parser("episode", help="run one episode and print its transcript and grade")
     ep.add_argument("--task", required=True)

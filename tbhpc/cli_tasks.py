@@ -14,8 +14,12 @@ from tbhpc.tasks.loader import default_pack_dir, load_exclusions, load_pack, pac
 
 def run(args) -> int:
     if args.tasks_cmd == "generate":
-        from tbhpc.domains.pack import DEFAULT_SEED, write_pack
-        counts = write_pack(args.out, args.seed if args.seed is not None else DEFAULT_SEED)
+        if args.pack == "demo":
+            from tbhpc.domains.demo.pack import DEMO_SEED, write_demo_pack
+            counts = write_demo_pack(args.out, args.seed if args.seed is not None else DEMO_SEED)
+        else:
+            from tbhpc.domains.pack import DEFAULT_SEED, write_pack
+            counts = write_pack(args.out, args.seed if args.seed is not None else DEFAULT_SEED)
         print(f"wrote {sum(counts.values())} tasks to {args.out}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
         return 0
     if args.tasks_cmd == "export-tb":

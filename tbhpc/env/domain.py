@@ -28,14 +28,18 @@ class Domain:
     registry: ToolRegistry
     customer_table: str = "customers"
     meta: dict[str, Any] = field(default_factory=dict)
+    scenario_file: str = "scenario.yaml"     # in package_dir
+    seed_file: str | None = "seed.yaml"      # in package_dir; None: the tables start empty (tasks patch in every row)
 
     @cached_property
     def scenario(self) -> Scenario:
-        return load_scenario(self.package_dir / "scenario.yaml")
+        return load_scenario(self.package_dir / self.scenario_file)
 
     @cached_property
     def seed(self) -> dict[str, list[dict]]:
-        return yaml.safe_load((self.package_dir / "seed.yaml").read_text(encoding="utf-8")) or {}
+        if self.seed_file is None:
+            return {}
+        return yaml.safe_load((self.package_dir / self.seed_file).read_text(encoding="utf-8")) or {}
 
     @cached_property
     def all_tables(self) -> dict[str, Table]:

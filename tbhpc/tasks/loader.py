@@ -258,7 +258,7 @@ def load_scenario(path: Path) -> Scenario:
         raise PackError(file, "expected a mapping")
     r = _Reader(file, doc.get("domain", "?"), doc)
     manual = []
-    for j, d in enumerate(r.get("manual", list)):
+    for j, d in enumerate(r.get("manual", list, default=[])):
         if not isinstance(d, dict) or not isinstance(d.get("name"), str) or not isinstance(d.get("text"), str):
             raise PackError(file, "expected {name, text}", None, f"manual[{j}]")
         manual.append(ManualDoc(d["name"], d["text"]))
@@ -272,4 +272,5 @@ def load_scenario(path: Path) -> Scenario:
         manual=tuple(manual),
         max_user_turns=int(limits.get("max_user_turns", 10)),
         max_agent_turns=int(limits.get("max_agent_turns", 50)),
+        agent_prompt=r.get("agent_prompt", str, default=""),
     )

@@ -107,6 +107,7 @@ class Scenario:
     max_user_turns: int = 10
     max_agent_turns: int = 50
     extra: dict = field(default_factory=dict)
+    agent_prompt: str = ""          # replaces the generic agent prompt (the demo pack's compact domains state their own)
 
     def system_prompt(self, agent_prompt: str) -> str:
-        return f"{agent_prompt.strip()}\n\n{self.instructions.strip()}\n"
+        return f"{(self.agent_prompt or agent_prompt).strip()}\n\n{self.instructions.strip()}\n"

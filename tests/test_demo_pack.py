@@ -1,0 +1,106 @@
+"""The demo pack (tbhpc/data/packs/demo): sizes, instance-disjoint splits, byte-identical
+regeneration, fresh instances by seed, and the ceiling of every constant behaviour per template."""
+import collections
+import filecmp
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tbhpc.domains import DEMO_DOMAIN_NAMES, catalogs, get_domain
+from tbhpc.domains.demo.pack import DEMO_SEED, TRAIN_PER_TEMPLATE, constant_ceilings, demo_instances, fingerprint
+from tbhpc.tasks.loader import default_pack_dir, load_exclusions, load_pack, validate_tasks
+
+PACK = default_pack_dir().parent / "demo"
+
+
+def tbhpc(*args):
+    proc = subprocess.run([sys.executable, "-m", "tbhpc.cli", *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def demo_tasks():
+    return load_pack(PACK)
+
+
+@pytest.fixture(scope="module")
+def instances():
+    return demo_instances()
+
+
+def test_sizes_tools_and_validation(demo_tasks):
+    per_split = collections.Counter(t.split for t in demo_tasks)
+    assert per_split["train"] >= 4000 and per_split["eval"] >= 100, per_split
+    assert {t.domain for t in demo_tasks} == set(DEMO_DOMAIN_NAMES)
+    for name in DEMO_DOMAIN_NAMES:
+        d = get_domain(name)
+        assert len(d.tools) <= 6 and "transfer" in d.tools, name
+        assert not d.scenario.manual and d.scenario.agent_prompt, name   # the rules are in the prompt
+    templates = collections.Counter((t.domain, t.template) for t in demo_tasks if t.split == "train")
+    assert len(templates) >= 10 and set(templates.values()) == {TRAIN_PER_TEMPLATE}
+    validate_tasks(demo_tasks, catalogs(DEMO_DOMAIN_NAMES))
+    assert tbhpc("tasks", "validate", str(PACK)).startswith("OK: ")
+
+
+def test_splits_are_disjoint_by_id_instance_and_content(demo_tasks, instances):
+    train = {t.id for t in demo_tasks if t.split == "train"}
+    evals = {t.id for t in demo_tasks if t.split == "eval"}
+    assert not train & evals
+    assert load_exclusions(PACK / "eval_ids.txt") == evals
+    by_split = collections.defaultdict(set)
+    for inst in instances:
+        by_split[inst.task.split].add(fingerprint(inst.case))
+    assert not by_split["train"] & by_split["eval"]
+    assert len(by_split["eval"]) == len(evals)          # no eval instance repeats another either
+
+
+def test_regeneration_is_byte_identical(tmp_path: Path):
+    out = tbhpc("tasks", "generate", "--pack", "demo", "--out", str(tmp_path / "again"))
+    assert "wrote" in out
+    names = sorted(p.name for p in PACK.iterdir())
+    match, mismatch, errors = filecmp.cmpfiles(PACK, tmp_path / "again", names, shallow=False)
+    assert match == names, (mismatch, errors)
+
+
+def test_a_seed_writes_fresh_instances_of_the_same_templates(tmp_path: Path, demo_tasks, instances):
+    tbhpc("tasks", "generate", "--pack", "demo", "--seed", "11", "--out", str(tmp_path / "s11"))
+    fresh = load_pack(tmp_path / "s11")
+    assert len(fresh) == len(demo_tasks)
+    assert {(t.domain, t.template, t.split) for t in fresh} == {(t.domain, t.template, t.split) for t in demo_tasks}
+    assert all("-s11-" in t.id for t in fresh) and not {t.id for t in fresh} & {t.id for t in demo_tasks}
+    bundled = {fingerprint(i.case) for i in instances}
+    again = {fingerprint(i.case) for i in demo_instances(seed=11)}
+    assert len(again & bundled) < 0.01 * len(again)       # ids are drawn from 9,000 per letter prefix
+    assert tbhpc("tasks", "validate", str(tmp_path / "s11")).startswith("OK: ")
+    tbhpc("tasks", "generate", "--pack", "demo", "--seed", "11", "--out", str(tmp_path / "s11b"))
+    assert (tmp_path / "s11" / "demo_retail.yaml").read_bytes() == (tmp_path / "s11b" / "demo_retail.yaml").read_bytes()
+    assert DEMO_SEED != 11
+
+
+def test_no_constant_behaviour_passes_more_than_about_half_of_a_template(instances):
+    """Each branch played on every train instance, hedges (act, then a refusal's message),
+    transfer and doing nothing: graded by the real engine, per template."""
+    ceilings = constant_ceilings([i for i in instances if i.task.split == "train"])
+    print(json.dumps({k: {b: round(r, 3) for b, r in v.items()} for k, v in ceilings.items()}, indent=1))
+    assert len(ceilings) >= 10
+    for template, rates in ceilings.items():
+        assert rates["noop"] == 0.0, template
+        assert max(rates.values()) <= 0.56, (template, rates)
+        branches = [b for b in rates if "+" not in b and b not in ("noop", "transfer")]
+        assert len(branches) >= 2, template
+
+
+def test_every_golden_trajectory_passes_and_the_branch_tag_names_it(demo_tasks):
+    from tbhpc.env.episode import run_episode
+    from tbhpc.env.judge import KeywordJudge
+    from tbhpc.env.users import ScriptedUser
+    from tbhpc.policy.scripted import OraclePolicy
+    sample = demo_tasks[::37]
+    for t in sample:
+        r = run_episode(t, get_domain(t.domain), OraclePolicy(), ScriptedUser(), KeywordJudge())
+        assert r.passed, (t.id, r.grade)
+        assert sum(x.startswith("branch:") for x in t.tags) == 1
