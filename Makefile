@@ -46,9 +46,11 @@ test: env env-vllm browser $(WARM)/config.json
 # models/demo-warm) -> probe -> select -> GRPO -> eval -> Table 1 in runs/demo/report.
 # `make demo QUICK=1`: the pipeline check (noisy oracle: probe -> select -> eval -> report, ~1 min).
 # `make demo MODEL=smollm2`: the same pipeline on SmolLM2-135M-Instruct, budgets in jobs/demo-smollm2.yaml.
+# `make demo PACK=demo`: the demo pack sized for the demo model (jobs/demo-pack.yaml; MODEL=smollm2 runs it on SmolLM2).
 MODEL    ?= tiny
 QUICK    ?= 0
-DEMO_CONFIG := jobs/demo$(if $(filter tiny,$(MODEL)),,-$(MODEL)).yaml
+PACK     ?= full
+DEMO_CONFIG := $(if $(filter demo,$(PACK)),jobs/demo-pack.yaml,jobs/demo$(if $(filter tiny,$(MODEL)),,-$(MODEL)).yaml)
 demo: env
 	$(VENV)/bin/tbhpc demo --config $(DEMO_CONFIG) model=$(MODEL) quick=$(if $(filter 1,$(QUICK)),true,false)
 
@@ -56,10 +58,12 @@ demo: env
 # Qwen3 with the project's tokenizer, fine-tuned on oracle episodes of the train split and of 8 more
 # generator seeds of its templates (never an eval instance), first on 320-token windows after the
 # system turn (copying), then on whole episodes (phases: RECIPES in tbhpc/train/sft.py).
-DEMO_WARM := build/models/demo-warm
+# `make warmstart-demo PACK=demo`: the demo-pack model instead (a new tokenizer learnt from the demo pack's episodes,
+# SFT on its train split, stopped by held-out evaluation on fresh instances: tbhpc/train/warm_select.py).
+DEMO_WARM := build/models/demo$(if $(filter demo,$(PACK)),-pack)-warm
 warmstart-demo: $(DEMO_WARM)/config.json
 $(DEMO_WARM)/config.json: $(STAMP)
-	OMP_NUM_THREADS=2 $(VENV)/bin/tbhpc warmstart --recipe demo --out $(DEMO_WARM)
+	OMP_NUM_THREADS=2 $(VENV)/bin/tbhpc warmstart --recipe demo$(if $(filter demo,$(PACK)),-pack) --out $(DEMO_WARM)
 
 bench: env env-vllm model-smollm2 $(WARM)/config.json
 	$(VPY) bench/episode_overhead.py

@@ -9,7 +9,7 @@ from tbhpc.env.episode import run_episode
 from tbhpc.env.registry import Environments
 from tbhpc.errors import PackError
 from tbhpc.policy import make_policy
-from tbhpc.tasks.loader import default_pack_dir, load_pack
+from tbhpc.tasks.loader import load_pack, resolve_pack
 from tbhpc.tb.dataset import TBDataset, is_tb_source
 
 
@@ -17,7 +17,7 @@ def run(args, policy_opts: dict) -> int:
     if is_tb_source(args.pack):
         task = TBDataset(args.pack).tasks([args.task])[0]
     else:
-        pack = Path(args.pack) if args.pack else default_pack_dir()
+        pack = resolve_pack(args.pack)
         task = next((t for t in load_pack(pack) if t.id == args.task), None)
         if task is None:
             raise PackError(str(pack), "no such task", args.task, "id")

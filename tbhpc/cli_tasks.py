@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tbhpc.errors import PackError
-from tbhpc.tasks.loader import default_pack_dir, load_exclusions, load_pack, pack_files, validate_tasks
+from tbhpc.tasks.loader import load_exclusions, load_pack, pack_files, resolve_pack, validate_tasks
 
 
 def run(args) -> int:
@@ -24,17 +24,17 @@ def run(args) -> int:
         return 0
     if args.tasks_cmd == "export-tb":
         from tbhpc.tb.export import write_dataset
-        tasks = [t for t in load_pack(Path(args.pack) if args.pack else default_pack_dir())
+        tasks = [t for t in load_pack(resolve_pack(args.pack))
                  if (not args.domain or t.domain in args.domain) and args.split in ("all", t.split)]
         if not tasks:
-            raise PackError(str(args.pack or default_pack_dir()), "no task matches --domain/--split")
+            raise PackError(str(resolve_pack(args.pack)), "no task matches --domain/--split")
         out = write_dataset(tasks, args.out)
         print(f"wrote {len(tasks)} tasks to {out}: run them with pack=tb:{out} tasks={out / 'testlist.yaml'} "
               f"servers={out / 'servers.yaml'}")
         return 0
     from tbhpc.tb.dataset import TBDataset, is_tb_source
     tb = is_tb_source(args.pack)
-    pack = args.pack if tb else Path(args.pack) if args.pack else default_pack_dir()
+    pack = args.pack if tb else resolve_pack(args.pack)
     tasks = TBDataset(pack).tasks() if tb else load_pack(pack)
     if args.tasks_cmd == "list":
         rows = [t for t in tasks if (not args.domain or t.domain == args.domain) and (not args.split or t.split == args.split)]

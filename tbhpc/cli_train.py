@@ -25,7 +25,7 @@ def add_parsers(sub) -> None:
     w.add_argument("--warmup", type=int, default=0, help="linear warm-up steps, then linear decay to 5%% (0: constant lr)")
     w.add_argument("--decay", type=int, help="steps the linear decay spans (default: --steps; more: a schedule cut short)")
     w.add_argument("--threads", type=int, default=1)
-    w.add_argument("--recipe", choices=("demo", "smollm2"), help="a named set of the options below (the demo models': "
+    w.add_argument("--recipe", choices=("demo", "demo-pack", "smollm2", "smollm2-demo-pack"), help="a named set of the options below (the demo models': "
                    "tbhpc/train/sft.py RECIPES); it replaces them")
     w.add_argument("--window", type=int, default=0, help="train on windows of this many tokens after the system turn "
                                                          "(the copying curriculum; a recipe chains such phases)")
@@ -38,6 +38,11 @@ def add_parsers(sub) -> None:
     w.add_argument("--batch-tokens", type=int, default=2048)
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--max-seconds", type=float, help="stop after this much fine-tuning time (a same-time baseline)")
+    w.add_argument("--select", action="store_true",
+                   help="stop where held-out pass@1 (fresh demo-pack instances, temperature 1) is inside --band with "
+                        "no task type at 0%% or 100%% (tbhpc/train/warm_select.py); checked every --select-every steps")
+    w.add_argument("--select-every", type=int, default=150)
+    w.add_argument("--band", type=float, nargs=2, default=(0.5, 0.85), metavar=("LO", "HI"))
     w.add_argument("--ask", action="store_true", help="oracle episodes that ask the user for the facts their calls use "
                                                       "(generalises to unseen tasks; the smoke warm start memorises)")
 
@@ -134,10 +139,21 @@ def run_warmstart(args) -> int:
             base = str(build_tiny_model(Path(tmp) / "base", seed=args.seed, size=args.size))
         phases = args.phases or [Phase(args.steps, args.lr, window=args.window, warmup=args.warmup,
                                        decay=(args.decay or args.steps) if args.warmup else 0)]
+        gate = None
+        if args.select:
+            from tbhpc.train.warm_select import SelectGate, validation_pack
+            gate = SelectGate(validation_pack(Path(tmp) / "validation"), every=args.select_every, lo=args.band[0],
+                              hi=args.band[1], log=lambda m: print(m, flush=True))
         out = sft(base, str(args.out), tasks, phases, batch_tokens=args.batch_tokens, seed=args.seed,
                   threads=args.threads, log=lambda m: print(m, flush=True), ask=args.ask,
                   progress=sys.stderr.isatty(), packed=args.size == "tiny", extra_tasks=extra,
-                  max_seconds=args.max_seconds)
+                  max_seconds=args.max_seconds, gate=gate)
+        if gate is not None:
+            gate.write(out)
+            if gate.chosen is None:
+                raise UserError(f"warmstart --select: no checkpoint reached held-out pass@1 in [{args.band[0]}, "
+                                f"{args.band[1]}] with every task type in (0, 1); the last one is in {out} "
+                                f"(figures: {out / 'selection.json'})")
     print(f"warmstart: {out} (fine-tuned on oracle episodes of {len(tasks)} tasks + {len(extra)} generated "
           f"instances, {sum(p.steps for p in phases)} steps"
           f"{f' or {args.max_seconds:.0f} s, whichever came first' if args.max_seconds else ''})", flush=True)

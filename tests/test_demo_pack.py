@@ -104,3 +104,23 @@ def test_every_golden_trajectory_passes_and_the_branch_tag_names_it(demo_tasks):
         r = run_episode(t, get_domain(t.domain), OraclePolicy(), ScriptedUser(), KeywordJudge())
         assert r.passed, (t.id, r.grade)
         assert sum(x.startswith("branch:") for x in t.tags) == 1
+
+
+def test_the_demo_pack_is_named_and_the_demo_config_checks_its_fields(demo_tasks):
+    from tbhpc.demo.config import DemoConfig
+    from tbhpc.errors import UserError
+    assert [t.id for t in load_pack("demo")] == [t.id for t in demo_tasks]
+    assert tbhpc("tasks", "validate", "demo").startswith("OK: 4510 tasks")
+    assert DemoConfig().warm_path == "models/demo-pack-warm" and DemoConfig(pack="full").warm_path == "models/demo-warm"
+    with pytest.raises(UserError, match="fresh_seed"):
+        DemoConfig(pack="full", fresh_seed=3)
+
+
+def test_the_warm_start_gate_wants_the_band_and_no_type_at_0_or_100():
+    from tbhpc.train.warm_select import in_band
+    ok = {"pass_at_1": 0.6, "per_type": {"a/x": 0.3, "b/y": 0.9}}
+    assert in_band(ok, 0.5, 0.85)
+    assert not in_band({**ok, "pass_at_1": 0.45}, 0.5, 0.85) and not in_band({**ok, "pass_at_1": 0.9}, 0.5, 0.85)
+    assert not in_band({**ok, "per_type": {"a/x": 0.0, "b/y": 0.9}}, 0.5, 0.85)
+    assert not in_band({**ok, "per_type": {"a/x": 1.0, "b/y": 0.5}}, 0.5, 0.85)
+    assert not in_band({"pass_at_1": 0.6, "per_type": {}}, 0.5, 0.85)

@@ -94,7 +94,7 @@ def test_a_sample_of_each_split_spans_every_domain_and_stays_in_its_split(tmp_pa
     from tbhpc.demo.config import DemoConfig
     from tbhpc.demo.pipeline import campaign, sample_file
     from tbhpc.errors import UserError
-    cfg = DemoConfig(out=str(tmp_path / "demo"), sample=24)
+    cfg = DemoConfig(out=str(tmp_path / "demo"), sample=24, pack="full")
     for split in ("train", "eval"):
         whole = [t.id for t in select_tasks(CampaignConfig(split=split))]
         ids = sample_file(cfg, split).read_text().split()

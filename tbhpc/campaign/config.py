@@ -14,7 +14,7 @@ from typing import Any
 
 
 from tbhpc.errors import UserError
-from tbhpc.tasks.loader import default_pack_dir, load_pack, pack_files, read_id_list as read_task_ids
+from tbhpc.tasks.loader import load_pack, pack_files, read_id_list as read_task_ids, resolve_pack
 from tbhpc.tasks.schema import Task
 from tbhpc.tb.dataset import TBDataset, is_tb_source
 
@@ -99,7 +99,7 @@ def identity_hash(cfg: CampaignConfig, pack_digest: str) -> str:
 def pack_path(cfg: CampaignConfig) -> Path | str:
     if is_tb_source(cfg.pack):
         return str(cfg.pack)
-    return Path(cfg.pack) if cfg.pack else default_pack_dir()
+    return resolve_pack(cfg.pack)
 
 
 def select_tasks(cfg: CampaignConfig) -> list[Task]:

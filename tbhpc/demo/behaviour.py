@@ -54,20 +54,20 @@ def type_table(kinds: dict, warm_rows: list[tuple], trained_rows: list[tuple]) -
     """Rows are (task_id, passed, final_hash) of clean attempts. Pure: no database access."""
     acc: dict[str, dict] = defaultdict(lambda: {"tasks": set(), "golden": set(), "w": [0, 0], "t": [0, 0], "ch": 0, "wch": 0,
                                                 "dom": ""})
-    for tid, (template, dom, init, gold) in kinds.items():
-        a = acc[template]
+    for tid, (template, dom, init, gold) in kinds.items():   # a type is (domain, template): names repeat across domains
+        a = acc[(dom, template)]
         a["dom"] = dom
     for side, rows in (("w", warm_rows), ("t", trained_rows)):
         for tid, passed, final in rows:
             template, dom, init, gold = kinds[tid]
-            a = acc[template]
+            a = acc[(dom, template)]
             a["tasks"].add(tid)
             a["golden"].add("kept" if gold == init else "changed")
             a[side][0] += int(bool(passed))
             a[side][1] += 1
             a["ch" if side == "t" else "wch"] += int(final != init)
     out = []
-    for template, a in sorted(acc.items()):
+    for (_, template), a in sorted(acc.items()):
         if not a["t"][1] or not a["w"][1]:
             continue
         golden = a["golden"].pop() if len(a["golden"]) == 1 else "mixed"

@@ -24,7 +24,7 @@ class DemoConfig:
     model: str = "tiny"                 # tiny: the demo model built here | smollm2: SmolLM2-135M-Instruct
     warm_start: str = ""                # default: models/demo-warm (tiny, committed) or build/models/smollm2-warm
     quick: bool = False                 # pipeline check with a noisy oracle (no model, no training)
-    pack: str | None = None             # null = the bundled pack
+    pack: str | None = "demo"           # demo: the demo pack (sized for the demo model) | full (or null): the full pack | a path
     seed: int = 0
     limit: int | None = None            # first N tasks of each split (smoke runs)
     tasks: str | None = None            # probe only these train-split ids (a pool file or id list); default: the whole split
@@ -39,6 +39,8 @@ class DemoConfig:
     prices: str = "jobs/prices.yaml"    # USD per 1M tokens per role: cost per success / per reliable task
     train: dict[str, Any] = field(default_factory=dict)   # TrainConfig overrides (steps, groups_per_step, lr, ...)
     sft_baseline: bool = False          # also continue the warm start's SFT for GRPO's wall time, and evaluate it
+    fresh_seed: int | None = None       # after training, generate demo-pack instances with this seed and evaluate on them too
+    fresh_repeats: int = 10
     skill: float = 0.7                  # quick mode: the noisy oracle keeps each golden step with this probability
 
     def __post_init__(self) -> None:
@@ -48,12 +50,19 @@ class DemoConfig:
             raise UserError(f"demo config: field 'skill' must be within [0, 1], got {self.skill}")
         if self.sample is not None and (self.sample < 1 or self.tasks):
             raise UserError("demo config: field 'sample' must be >= 1 and cannot be combined with 'tasks'")
-        for name in ("probe_repeats", "eval_repeats", "workers", "concurrency", "max_tokens", "response_budget"):
+        for name in ("probe_repeats", "eval_repeats", "workers", "concurrency", "max_tokens", "response_budget", "fresh_repeats"):
             if getattr(self, name) < 1:
                 raise UserError(f"demo config: field {name!r} must be >= 1")
         if not 0.0 < self.temperature <= 2.0:
             raise UserError(f"demo config: field 'temperature' must be within (0, 2], got {self.temperature}")
 
+        if self.fresh_seed is not None and self.pack != "demo":
+            raise UserError("demo config: field 'fresh_seed' needs pack: demo (fresh instances come from its generator)")
+
     @property
     def warm_path(self) -> str:
-        return self.warm_start or ("models/demo-warm" if self.model == "tiny" else "build/models/smollm2-warm")
+        if self.warm_start:
+            return self.warm_start
+        if self.model == "tiny":
+            return "models/demo-pack-warm" if self.pack == "demo" else "models/demo-warm"
+        return "build/models/smollm2-warm" + ("-demo-pack" if self.pack == "demo" else "")

@@ -27,7 +27,7 @@ from tbhpc.demo.baseline import grpo_seconds, sft_baseline
 from tbhpc.demo.config import DemoConfig
 from tbhpc.errors import UserError
 from tbhpc.selection.pool import SelectConfig, run_select
-from tbhpc.tasks.loader import default_pack_dir
+from tbhpc.tasks.loader import resolve_pack
 
 # The demo's GRPO run: the recipe's shape (groups of 8, zero-variance replacement, token mean, no
 # KL) on a budget a 2-core machine finishes in ~17 minutes. lr 5e-5: at 2e-4 the demo model's
@@ -40,7 +40,7 @@ TRAIN_DEFAULTS = dict(steps=24, group_size=8, groups_per_step=4, max_draws=16, l
 
 
 def eval_ids_file(pack: str | None) -> list[str]:
-    root = Path(pack) if pack else default_pack_dir()
+    root = resolve_pack(pack)
     root = root if root.is_dir() else root.parent
     return [str(root / "eval_ids.txt")] if (root / "eval_ids.txt").exists() else []
 
@@ -92,11 +92,13 @@ def ensure_warm_start(cfg: DemoConfig, console: Console) -> str:
     if (warm / "config.json").exists():
         console.print(f"   warm start: {warm} (cached)")
         return str(warm)
-    if cfg.pack:
-        raise UserError(f"demo: no warm start at {warm}; the demo recipe learns the bundled pack "
-                        f"(for {cfg.pack}: tbhpc warmstart --size demo --pack {cfg.pack} --split train --ask ..., then warm_start=DIR)")
+    if cfg.pack not in (None, "full", "demo"):
+        raise UserError(f"demo: no warm start at {warm}; the demo recipes learn a bundled pack "
+                        f"(for {cfg.pack}: tbhpc warmstart --size demo-pack --pack {cfg.pack} --split train --select ..., "
+                        "then warm_start=DIR)")
     console.print(f"   warm start: building {warm} (SFT on oracle episodes of the train split; cached afterwards)")
-    recipe = "demo" if cfg.model == "tiny" else cfg.model
+    recipe = {"tiny": "demo-pack" if cfg.pack == "demo" else "demo"}.get(cfg.model, cfg.model)
+    recipe += "-demo-pack" if cfg.model != "tiny" and cfg.pack == "demo" else ""
     cmd = [sys.executable, "-m", "tbhpc.cli", "warmstart", "--recipe", recipe, "--out", str(warm), "--seed", str(cfg.seed)]
     _stream(cmd, console)
     return str(warm)
@@ -157,6 +159,17 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
         run_campaign(campaign(cfg, name, "eval", "eval", cfg.eval_repeats, path), out / name, console=console)
     stage("evaluate", s)
 
+    if cfg.fresh_seed is not None:
+        s = time.perf_counter()
+        fresh = fresh_pack(cfg, out)
+        console.print(f"[bold]5b. fresh instances[/]: the same templates drawn with seed {cfg.fresh_seed} after training "
+                      f"({fresh}), eval split x {cfg.fresh_repeats}")
+        for name, path in policies[:2]:
+            fcfg = campaign(cfg, name.replace("eval-", "fresh-"), "eval", "eval", cfg.fresh_repeats, path)
+            fcfg.pack, fcfg.tasks = str(fresh), None
+            run_campaign(fcfg, out / name.replace("eval-", "fresh-"), console=console)
+        stage("fresh instances", s)
+
     s = time.perf_counter()
     console.print("[bold]6. report[/]")
     from tbhpc.demo.results import write_results
@@ -167,6 +180,15 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
     (out / "demo.json").write_text(json.dumps(summary, indent=1, default=str) + "\n", encoding="utf-8")
     console.print(f"demo finished in {summary['wall_s']} s; report: {out / 'report' / 'README.md'}")
     return 0
+
+
+def fresh_pack(cfg: DemoConfig, out: Path) -> Path:
+    """The demo pack's templates drawn with `fresh_seed` (written once; the same bytes every time)."""
+    from tbhpc.domains.demo.pack import write_demo_pack
+    path = out / f"fresh-pack-s{cfg.fresh_seed}"
+    if not (path / "eval_ids.txt").exists():
+        write_demo_pack(path, seed=cfg.fresh_seed, train=0)
+    return path
 
 
 def run_training(tcfg: dict, run: Path, console: Console) -> str:

@@ -21,7 +21,7 @@ from tbhpc.metrics.agg import compare, load_counts, summarise
 from tbhpc.report.build import build_report
 from tbhpc.selection.pool import SelectConfig, run_select
 from tbhpc.store.run_dir import RunDir
-from tbhpc.tasks.loader import default_pack_dir
+from tbhpc.tasks.loader import resolve_pack
 
 
 def run_quick(cfg: DemoConfig, console: Console) -> int:
@@ -36,7 +36,7 @@ def run_quick(cfg: DemoConfig, console: Console) -> int:
                  out / "probe", console=console)
 
     console.print("[bold]2. select[/] the policy-relative pool (Jeffreys bands, eval ids excluded)")
-    pack = Path(cfg.pack) if cfg.pack else default_pack_dir()
+    pack = resolve_pack(cfg.pack)
     excl = [str(pack / "eval_ids.txt")] if (pack / "eval_ids.txt").exists() else []
     sel = run_select(out / "probe", out / "pool.yaml", SelectConfig(exclude=excl))
     console.print("   bands: " + ", ".join(f"{b} {n}" for b, n in sel.band_counts.items()) + f"; pool {len(sel.pool)} tasks")

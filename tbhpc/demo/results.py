@@ -122,10 +122,18 @@ def write_results(out: Path, cfg, console: Console) -> dict:
                     f"{100 * vs['delta']:+.1f} pts [{100 * vs['lo']:+.1f}, {100 * vs['hi']:+.1f}].", "",
                     table1_markdown(ws, ss, scmp, k, label="continued SFT"), ""]
         summary_extra = {"sft_baseline": {"summary": ss, "compare_warm": scmp, "grpo_minus_sft_pass@1": vs}}
+    fresh = []
+    if (out / "fresh-trained" / "results.duckdb").exists():
+        fw, ft = load_counts(RunDir(out / "fresh-warm")), load_counts(RunDir(out / "fresh-trained"))
+        fws, fts, fcmp = summarise(fw, prices), summarise(ft, prices), compare(fw, ft)
+        fresh = [f"## Fresh instances (generator seed {cfg.fresh_seed}, drawn after training)", "",
+                 "The same templates, instances nobody trained, tuned or selected on.", "",
+                 table1_markdown(fws, fts, fcmp, cfg.fresh_repeats), ""]
+        summary_extra["fresh"] = {"seed": cfg.fresh_seed, "warm": fws, "trained": fts, "compare": fcmp}
     md = "\n".join([
         "# tbhpc demo: GRPO on the policy-relative pool, evaluated on held-out tasks", "",
         f"Warm start `{wc.policy_id}` vs trained `{tc.policy_id}`; {verdict}.", "",
-        "## Table 1", "", t1, "", *baseline,
+        "## Table 1", "", t1, "", *fresh, *baseline,
         "## Per domain", "", domain_markdown(ws, ts), "",
         "## Per task type (collapse check)", "",
         f"Flagged types: {len(flagged)}" + (f"; {collapse}" if collapse else "; no global collapse") + ".", "",
@@ -134,6 +142,9 @@ def write_results(out: Path, cfg, console: Console) -> dict:
     (report / "README.md").write_text(md, encoding="utf-8")
     (report / "report.html").write_text(markdown_to_html(md, "tbhpc demo"), encoding="utf-8")
     console.print(t1)
+    if fresh:
+        console.print(fresh[0][3:])
+        console.print(fresh[4])
     if baseline:
         console.print(baseline[2])
         console.print(baseline[4])

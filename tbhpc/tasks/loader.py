@@ -32,6 +32,20 @@ def default_pack_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "data" / "packs" / "default"
 
 
+# Bundled packs by name (`pack=demo`): the full pack for real models and the demo pack sized for the
+# demo model. A path that exists always wins over a name.
+BUNDLED_PACKS = {"full": "default", "default": "default", "demo": "demo"}
+
+
+def resolve_pack(pack: "Path | str | None") -> Path:
+    """A pack argument as a path: None is the full pack, a bundled name its directory."""
+    if pack is None:
+        return default_pack_dir()
+    if isinstance(pack, str) and pack in BUNDLED_PACKS and not Path(pack).exists():
+        return default_pack_dir().parent / BUNDLED_PACKS[pack]
+    return Path(pack)
+
+
 def read_yaml(path: Path) -> Any:
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -60,7 +74,7 @@ def pack_files(pack: Path) -> list[Path]:
 
 def load_pack(pack: Path | str | None = None) -> list[Task]:
     """Load every task of a pack (file or directory); ids must be unique across the pack."""
-    pack = Path(pack) if pack is not None else default_pack_dir()
+    pack = resolve_pack(pack)
     tasks: list[Task] = []
     seen: dict[str, str] = {}
     for path in pack_files(pack):

@@ -72,8 +72,8 @@ def open_train_run(cfg: TrainConfig, path: Path, tasks: list) -> RunDir:
 
 
 def _pack(cfg: TrainConfig) -> Path:
-    from tbhpc.tasks.loader import default_pack_dir
-    return Path(cfg.pack) if cfg.pack else default_pack_dir()
+    from tbhpc.tasks.loader import resolve_pack
+    return resolve_pack(cfg.pack)
 
 
 def record_step(run: RunDir, row: dict) -> None:

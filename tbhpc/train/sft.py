@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tbhpc.errors import UserError
+from tbhpc.tasks.loader import default_pack_dir
 from tbhpc.policy.base import Completion
 from tbhpc.rollout.buffer import Episode
 from tbhpc.rollout.tokens import TokenTrace
@@ -35,6 +36,8 @@ class Phase:
         return up * (max(0.05, 1 - step / self.decay) if self.decay else 1.0)
 
 
+DEMO_PACK = default_pack_dir().parent / "demo"
+
 # Named warm-start recipes (`tbhpc warmstart --recipe NAME`): one place for the flags that
 # `make warmstart-demo` and the demo pipeline use. "demo" is the chain that made the committed
 # models/demo-warm: windows first (copying), then whole episodes in two stretches.
@@ -42,11 +45,18 @@ RECIPES = {
     "demo": dict(size="demo", split="train", ask=True, augment=8, batch_tokens=8000, threads=2,
                  phases=[Phase(600, 2e-3, window=320, warmup=30), Phase(750, 1e-3, warmup=30, decay=1000),
                          Phase(1000, 5e-4, warmup=30, decay=1000)]),
+    # The demo-pack model (`make warmstart-demo`): whole ~270-token episodes from the start (values
+    # are copied from a short query, no curriculum needed), one decaying stretch, stopped by the
+    # held-out gate (warm_select.py) once it is right about half the time or more.
+    "demo-pack": dict(size="demo-pack", split="train", pack=str(DEMO_PACK), ask=False, augment=0, batch_tokens=8000,
+                      threads=2, select=True, select_every=150, phases=[Phase(3000, 2e-3, warmup=50, decay=3000)]),
     # SmolLM2-135M-Instruct (`make demo MODEL=smollm2`): it has never seen the tool-call format, and
     # a step of 4k tokens costs ~45 s on 2 cores (~90 tokens/s forward + backward), so: a few dozen
     # steps of whole episodes at a full fine-tune's usual rate, enough to learn the format.
     "smollm2": dict(size="smollm2", split="train", ask=True, augment=0, batch_tokens=4096, threads=2,
                     phases=[Phase(40, 1e-4, warmup=4, decay=40)]),
+    "smollm2-demo-pack": dict(size="smollm2", split="train", pack=str(DEMO_PACK), ask=False, augment=0, batch_tokens=4096,
+                              threads=2, phases=[Phase(40, 1e-4, warmup=4, decay=40)]),
 }
 
 
@@ -102,14 +112,15 @@ def oracle_examples(tokenizer, tasks: list, seed: int = 0, ask: bool = False) ->
 
 def sft(model_dir: str, out_dir: str, tasks: list, phases: list[Phase], batch_tokens: int = 4096, seed: int = 0,
         threads: int = 1, log=print, ask: bool = False, progress: bool = False, packed: bool = True,
-        extra_tasks: list | None = None, max_seconds: float | None = None) -> Path:
+        extra_tasks: list | None = None, max_seconds: float | None = None, gate=None) -> Path:
     """Fine-tune `model_dir` on oracle episodes of `tasks` (mean token NLL on generated tokens),
     phase after phase, and save to `out_dir` with its tokenizer; returns the path. Batches hold
     about `batch_tokens` tokens, packed into passes of that size; `packed=False`: each pass holds
     whole episodes up to the batch's longest (on a CPU a packed pass's block mask costs the square
     of its length). `extra_tasks`: more tasks to learn from (other generator seeds, say).
     `max_seconds`: stop (and save) once the optimiser steps have taken this long (a baseline given
-    the same wall time as another method).
+    the same wall time as another method). `gate` (a `warm_select.SelectGate`): every `gate.every`
+    steps it evaluates the model on held-out tasks; fine-tuning stops where it says so.
 
     Curriculum (a phase with `window`): a model trained from scratch has to learn to copy values
     (emails, ids) from the conversation; over 1,600-token episodes, 40% of them a constant system
@@ -128,8 +139,10 @@ def sft(model_dir: str, out_dir: str, tasks: list, phases: list[Phase], batch_to
     model.train()
     total_steps = sum(p.steps for p in phases)
     bar = _progress(total_steps, f"sft on {len(examples)} oracle episodes") if progress else None
-    done, t_start = 0, time.perf_counter()
+    done, t_start, stopped = 0, time.perf_counter(), False
     for n_phase, phase in enumerate(phases, 1):
+        if stopped:
+            break
         source = [after_system(e, tok, phase.window) for e in examples] if phase.window else examples
         opt = torch.optim.AdamW(model.parameters(), lr=phase.lr, weight_decay=0.0)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, phase.factor)
@@ -161,6 +174,9 @@ def sft(model_dir: str, out_dir: str, tasks: list, phases: list[Phase], batch_to
             if step % min(50, max(1, phase.steps // 10)) == 0 or step == phase.steps:
                 log(f"sft phase {n_phase}/{len(phases)} step {step}/{phase.steps} ({done}/{total_steps}): "
                     f"loss {loss_sum:.4f} over {count} tokens")
+            if gate is not None and done % gate.every == 0 and gate(done, model, tok):
+                stopped = True
+                break
         if max_seconds is not None and time.perf_counter() - t_start >= max_seconds:
             log(f"sft: time budget {max_seconds:.0f} s reached after {done} of {total_steps} steps")
             break

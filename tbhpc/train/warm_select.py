@@ -1,0 +1,91 @@
+"""Choose where a warm start stops by held-out evaluation, not by a step count.
+
+Why: GRPO sharpens a policy that is right about half the time; a warm start that is always right
+or never right gives groups without variance, hence no gradient. How fast SFT gets there depends
+on the seed, the data and the machine, so `tbhpc warmstart --select` evaluates a checkpoint every
+`every` steps on validation tasks (fresh instances that neither the train split nor the eval
+split holds: the demo pack's generator with another seed) with the campaign code and sampling the
+recipe uses (temperature 1), and stops at the first checkpoint whose pass@1 is inside the target
+band with no task type at 0% or 100%. Every checkpoint's figures go to `selection.json` beside
+the model, so the choice can be read afterwards.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+VALIDATION_SEED = 1001
+
+
+@dataclass
+class SelectGate:
+    pack: str                      # validation pack directory (its eval split is used)
+    every: int = 150
+    lo: float = 0.5
+    hi: float = 0.85
+    repeats: int = 4
+    workers: int = 2
+    log: object = print
+    history: list[dict] = field(default_factory=list)
+    chosen: dict | None = None
+
+    def __call__(self, step: int, model, tokenizer) -> bool:
+        """Evaluate the model as it is after `step` steps; True: stop here (it is chosen)."""
+        work = Path(tempfile.mkdtemp(prefix="warm-select-"))
+        try:
+            model.save_pretrained(work / "model")
+            tokenizer.save_pretrained(work / "model")
+            rates = evaluate(str(work / "model"), self.pack, work / "eval", self.repeats, self.workers)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        row = {"step": step, **rates}
+        self.history.append(row)
+        types = rates["per_type"].values()
+        inside = in_band(rates, self.lo, self.hi)
+        self.log(f"warm-select: step {step}: held-out pass@1 {rates['pass_at_1']:.3f} "
+                 f"(types {min(types):.2f}-{max(types):.2f}){' -> chosen' if inside else ''}")
+        if inside:
+            self.chosen = row
+        return inside
+
+    def write(self, out: Path) -> None:
+        doc = {"gate": {k: v for k, v in asdict(self).items() if k not in ("log", "history", "chosen")},
+               "chosen": self.chosen, "history": self.history}
+        (Path(out) / "selection.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+
+
+def in_band(rates: dict, lo: float, hi: float) -> bool:
+    """Overall pass@1 within [lo, hi] and every task type strictly between 0 and 1."""
+    return lo <= rates["pass_at_1"] <= hi and bool(rates["per_type"]) and all(0.0 < r < 1.0 for r in rates["per_type"].values())
+
+
+def evaluate(model_path: str, pack: str, out: Path, repeats: int, workers: int) -> dict:
+    """pass@1 overall and per task type (domain/template) of `model_path` on the pack's eval split."""
+    import duckdb
+    from rich.console import Console
+
+    from tbhpc.campaign.config import CampaignConfig
+    from tbhpc.campaign.runner import run_campaign
+    cfg = CampaignConfig(name="warm-select", kind="eval", pack=pack, split="eval", repeats=repeats, policy="tokens",
+                         policy_opts={"model_path": model_path, "generator": "batched", "max_tokens": 64,
+                                      "response_budget": 256, "temperature": 1.0, "threads": 1},
+                         workers=workers, concurrency=48, chunk_size=96, transcripts=False)
+    run_campaign(cfg, out, console=Console(stderr=True, quiet=True))
+    con = duckdb.connect(str(out / "results.duckdb"), read_only=True)
+    try:
+        overall = con.sql("SELECT avg(reward) FROM attempts WHERE status = 'ok'").fetchone()[0]
+        per = con.sql("SELECT t.domain || '/' || t.template, avg(a.reward) FROM attempts a JOIN tasks t USING (task_id) "
+                      "WHERE a.status = 'ok' GROUP BY 1 ORDER BY 1").fetchall()
+    finally:
+        con.close()
+    return {"pass_at_1": float(overall), "per_type": {k: float(v) for k, v in per}}
+
+
+def validation_pack(out: Path) -> str:
+    """Fresh demo-pack instances for checkpoint selection (eval split of another seed)."""
+    from tbhpc.domains.demo.pack import write_demo_pack
+    write_demo_pack(Path(out), seed=VALIDATION_SEED, train=0)
+    return str(out)
