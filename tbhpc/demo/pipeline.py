@@ -118,6 +118,14 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
     model = "the demo model" if cfg.model == "tiny" else "SmolLM2-135M-Instruct"
     console.print(f"[bold]1. policy[/]: {model}, warm-started on the train split")
     warm = ensure_warm_start(cfg, console)
+    if cfg.pack == "demo":
+        from transformers import AutoTokenizer
+
+        from tbhpc.domains.demo.pack import oracle_episode_tokens
+        sample = select_tasks(CampaignConfig(pack=cfg.pack, split="train"))[::40]
+        stats = oracle_episode_tokens(AutoTokenizer.from_pretrained(warm), sample)
+        console.print(f"   demo pack: an oracle episode is {stats['median']:.0f} tokens (median of {stats['episodes']}; "
+                      f"max {stats['max']:.0f}) with this model's tokenizer")
     stage("warm start", s)
 
     s = time.perf_counter()

@@ -120,3 +120,13 @@ def constant_ceilings(instances: list[Instance]) -> dict[str, dict[str, float]]:
             r = run_episode(t, get_domain(t.domain), _Playing({t.id: script}), ScriptedUser(), KeywordJudge())
             passed[f"{t.domain}/{t.template}"][behaviour].append(bool(r.passed))
     return {k: {b: sum(v) / len(v) for b, v in per.items()} for k, per in passed.items()}
+
+
+def oracle_episode_tokens(tokenizer, tasks: list[Task]) -> dict[str, float]:
+    """Median and maximum length in tokens of the oracle's whole episodes (prompt, tool outputs,
+    the agent's turns) with `tokenizer`'s chat template: the cost of one episode to the model."""
+    import statistics
+
+    from tbhpc.train.sft import oracle_examples
+    lengths = [len(e.tokens) for e in oracle_examples(tokenizer, tasks)]
+    return {"episodes": len(lengths), "median": float(statistics.median(lengths)), "max": float(max(lengths))}
