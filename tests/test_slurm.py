@@ -185,19 +185,35 @@ def test_fair_share_charges_the_account_and_reorders_waiting_jobs(tmp_path):
     assert set(charged) == {"acct_a"}
     _wait(lambda: _usage("acct_a") > before, timeout=150, every=2)  # the campaign's CPU time reached fair-share
     assert _usage("acct_b") == 0
-    # fill the cluster, then queue one job per account: acct_b's (no usage) must outrank acct_a's
-    blocker = _sbatch("-A", "acct_a", "-N", "3", "-n", "6", "--wrap", "sleep 300")
+    # fill the cluster, then queue one job per account: acct_b's (no usage) must outrank acct_a's.
+    # The blocker must be running first: with a core still free (another test's job ending), acct_b's
+    # job -- first in priority order -- would start at once and leave sprio nothing to rank.
+    _wait(lambda: not _queue(), timeout=120, every=1)
+    blocker, a, b = _sbatch("-A", "acct_a", "-N", "3", "-n", "6", "--wrap", "sleep 300"), "", ""
     try:
+        _wait(lambda: _queue().get(blocker) == "RUNNING", timeout=60, every=0.5)
         a, b = _sbatch("-A", "acct_a", "--wrap", "true"), _sbatch("-A", "acct_b", "--wrap", "true")
+        seen = []
 
         def fairshare():
             out = subprocess.run(["sprio", "-h", "-j", f"{a},{b}", "-o", "%i %F"], capture_output=True, text=True).stdout
+            seen[:] = [out, _queue()]
             f = {i: float(v) for i, v in (line.split() for line in out.splitlines() if line.strip())}
             return f if len(f) == 2 and f[b] > f[a] else None
-        f = _wait(fairshare, timeout=150, every=2)
+        try:
+            f = _wait(fairshare, timeout=150, every=2)
+        except AssertionError:
+            raise AssertionError(f"acct_b's job never outranked acct_a's: sprio {seen[0]!r}, queue {seen[1]}, "
+                                 f"usage a={_usage('acct_a')} b={_usage('acct_b')}") from None
         assert f[b] > f[a]
     finally:
-        subprocess.run(["scancel", blocker, a, b], check=False)
+        subprocess.run(["scancel", blocker, *filter(None, (a, b))], check=False)
+
+
+def _queue() -> dict[str, str]:
+    """Job id -> state of every job in the local cluster's queue."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True).stdout
+    return dict(line.split(maxsplit=1) for line in out.splitlines() if line.strip())
 
 
 def _usage(account: str) -> float:

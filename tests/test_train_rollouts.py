@@ -128,7 +128,7 @@ def test_a_step_stopped_mid_rollouts_is_abandoned_and_redrawn_identically(engine
     episode starts, with groups 0 and 1 in flight): they finish, no further group is claimed, the
     queue is aborted for every other rank and the step stays undecided, so the trainer records
     nothing of it. The step drawn again from a fresh queue -- what the requeued job does -- gives
-    what an uninterrupted step gives (the uninterrupted step here needs draws 0-2)."""
+    what an uninterrupted step gives (which needs three draws or more)."""
     def outcome(groups, cutoff=None):
         return [(g.index, g.task_id, g.status, [r.episode.reward for r in g.rollouts])
                 for g in groups if cutoff is None or g.index <= cutoff]
@@ -136,7 +136,9 @@ def test_a_step_stopped_mid_rollouts_is_abandoned_and_redrawn_identically(engine
     ctx, _ = _ctx(engine, tasks_by_id)
     queue = DrawQueue(make_store(0, 1), step=1, need=2, cap=12)
     reference = outcome(run_rank_rollouts(ctx, queue, step=1, expected_version=0), queue.cutoff())
-    assert [g[0] for g in reference] == [0, 1, 2]
+    # draws in order, and more than the two in flight when the stop comes (how many more depends on
+    # the model's samples on this CPU: 0-2 here, 0-3 on a CI machine)
+    assert [g[0] for g in reference] == list(range(len(reference))) and len(reference) >= 3, reference
 
     stop, started, lock = threading.Event(), set(), threading.Lock()
 

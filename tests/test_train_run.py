@@ -162,10 +162,16 @@ def test_preempted_slurm_run_requeues_and_reaches_the_same_weights(uninterrupted
     w0 = _weights(Path(warm_dir))
     moved = max(np.abs(a[k] - w0[k]).max() for k in a)
     diff = max(np.abs(a[k] - b[k]).max() for k in a)
+    # Compared as whole updates: Adam divides each gradient element by its own magnitude, so an
+    # element whose gradient is a near-cancelling sum (a rare token's embedding, ~eps) can move by a
+    # visible fraction of lr under another summation order (a CI run: one element 0.11 lr apart).
+    # A lost optimiser state or a step applied twice changes the whole update, not one element.
+    update = np.sqrt(sum(float(((a[k] - w0[k]) ** 2).sum()) for k in a))
+    apart = np.sqrt(sum(float(((a[k] - b[k]) ** 2).sum()) for k in a))
     from helpers import MACHINE_NOTES
     MACHINE_NOTES.append(f"preemption test: weights moved {moved:.2e} in 2 steps; requeued 3-rank run vs "
-                         f"uninterrupted 1-rank run: max |dw| {diff:.2e}")
-    assert diff < moved * 1e-2, (moved, diff)
+                         f"uninterrupted 1-rank run: max |dw| {diff:.2e}, |dw| / |update| {apart / update:.1e}")
+    assert moved > 1e-5 and apart < update * 1e-2, (moved, diff, update, apart)
 
 
 def _signal_until_acknowledged(job: str, run: Path, every_s: float = 3.0) -> list[str]:
