@@ -155,7 +155,7 @@ def run_warmstart(args) -> int:
                                 f"{args.band[1]}] with every task type in (0, 1); the last one is in {out} "
                                 f"(figures: {out / 'selection.json'})")
     print(f"warmstart: {out} (fine-tuned on oracle episodes of {len(tasks)} tasks + {len(extra)} generated "
-          f"instances, {sum(p.steps for p in phases)} steps"
+          f"instances, {gate.chosen['step'] if gate is not None else sum(p.steps for p in phases)} steps"
           f"{f' or {args.max_seconds:.0f} s, whichever came first' if args.max_seconds else ''})", flush=True)
     return 0
 

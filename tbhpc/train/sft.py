@@ -49,7 +49,7 @@ RECIPES = {
     # are copied from a short query, no curriculum needed), one decaying stretch, stopped by the
     # held-out gate (warm_select.py) once it is right about half the time or more.
     "demo-pack": dict(size="demo-pack", split="train", pack=str(DEMO_PACK), ask=False, augment=0, batch_tokens=8000,
-                      threads=2, select=True, select_every=150, phases=[Phase(3000, 2e-3, warmup=50, decay=3000)]),
+                      threads=2, select=True, select_every=50, phases=[Phase(3000, 2e-3, warmup=50, decay=3000)]),
     # SmolLM2-135M-Instruct (`make demo MODEL=smollm2`): it has never seen the tool-call format, and
     # a step of 4k tokens costs ~45 s on 2 cores (~90 tokens/s forward + backward), so: a few dozen
     # steps of whole episodes at a full fine-tune's usual rate, enough to learn the format.

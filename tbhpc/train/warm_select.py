@@ -52,7 +52,8 @@ class SelectGate:
         return inside
 
     def write(self, out: Path) -> None:
-        doc = {"gate": {k: v for k, v in asdict(self).items() if k not in ("log", "history", "chosen")},
+        gate = {k: v for k, v in asdict(self).items() if k not in ("log", "history", "chosen", "pack")}
+        doc = {"gate": {"validation": f"demo pack, seed {VALIDATION_SEED}, eval split", **gate},
                "chosen": self.chosen, "history": self.history}
         (Path(out) / "selection.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
 
