@@ -42,24 +42,25 @@ test: env env-vllm browser $(WARM)/config.json
 	TBHPC_REQUIRE_VLLM=1 TBHPC_REQUIRE_BROWSER=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python NODES=$(NODES) STATE=$(SLURM_STATE) \
 	  bash slurm/local/with-cluster.sh $(VPY) -m pytest -q -n 2 --dist loadgroup --durations=30
 
-# `make demo`: the published recipe on this machine with the demo model (committed warm start
-# models/demo-warm) -> probe -> select -> GRPO -> eval -> Table 1 in runs/demo/report.
+# `make demo`: the published recipe on this machine with the demo model on the demo pack (committed
+# warm start models/demo-pack-warm) -> probe -> select -> GRPO -> eval (+ fresh instances) -> Table 1
+# in runs/demo-pack/report (jobs/demo-pack.yaml, ~13 min).
+# `make demo PACK=full`: the full pack (jobs/demo.yaml, models/demo-warm; the README's null result, ~46 min).
 # `make demo QUICK=1`: the pipeline check (noisy oracle: probe -> select -> eval -> report, ~1 min).
-# `make demo MODEL=smollm2`: the same pipeline on SmolLM2-135M-Instruct, budgets in jobs/demo-smollm2.yaml.
-# `make demo PACK=demo`: the demo pack sized for the demo model (jobs/demo-pack.yaml; MODEL=smollm2 runs it on SmolLM2).
+# `make demo MODEL=smollm2`: SmolLM2-135M-Instruct, on the full pack unless PACK=demo (jobs/demo-smollm2.yaml).
 MODEL    ?= tiny
 QUICK    ?= 0
-PACK     ?= full
+PACK     ?= $(if $(filter tiny,$(MODEL)),demo,full)
 DEMO_CONFIG := $(if $(filter demo,$(PACK)),jobs/demo-pack.yaml,jobs/demo$(if $(filter tiny,$(MODEL)),,-$(MODEL)).yaml)
 demo: env
 	$(VENV)/bin/tbhpc demo --config $(DEMO_CONFIG) model=$(MODEL) quick=$(if $(filter 1,$(QUICK)),true,false)
 
-# Regenerate the demo model's warm start (~70 min on 2 cores; models/README.md): a new ~1M-parameter
-# Qwen3 with the project's tokenizer, fine-tuned on oracle episodes of the train split and of 8 more
-# generator seeds of its templates (never an eval instance), first on 320-token windows after the
-# system turn (copying), then on whole episodes (phases: RECIPES in tbhpc/train/sft.py).
-# `make warmstart-demo PACK=demo`: the demo-pack model instead (a new tokenizer learnt from the demo pack's episodes,
-# SFT on its train split, stopped by held-out evaluation on fresh instances: tbhpc/train/warm_select.py).
+# Regenerate the demo model's warm start on the demo pack (~16 min on 2 cores; models/README.md): a new
+# 0.9M-parameter Qwen3 with a tokenizer learnt from the demo pack's episodes, SFT on its train split,
+# stopped by held-out evaluation on fresh instances (tbhpc/train/warm_select.py).
+# `make warmstart-demo PACK=full`: the full-pack demo model (~70 min): SFT on oracle episodes of the
+# full pack's train split and 8 more generator seeds, first on 320-token windows after the system turn
+# (copying), then on whole episodes (phases: RECIPES in tbhpc/train/sft.py).
 DEMO_WARM := build/models/demo$(if $(filter demo,$(PACK)),-pack)-warm
 warmstart-demo: $(DEMO_WARM)/config.json
 $(DEMO_WARM)/config.json: $(STAMP)

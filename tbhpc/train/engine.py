@@ -200,6 +200,7 @@ class Engine:
             return st
         self.engine.train()
         clipped = mism = 0.0
+        plain = None
         for k in range(n_micro):
             self.engine.set_gradient_accumulation_boundary(k == n_micro - 1)
             if k < len(packs):
@@ -217,8 +218,11 @@ class Engine:
                 ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
                 loss = self.engine(input_ids=ids, use_cache=False).logits.sum() * 0.0
             self.engine.backward(loss)
+            if k == n_micro - 1 and cfg.zero_stage == 0:
+                # DeepSpeed clips but does not keep the norm without ZeRO: measure the reduced gradient here
+                plain = torch.sqrt(sum((q.grad.float() ** 2).sum() for q in self.module.parameters() if q.grad is not None))
             self.engine.step()
-        norm = self.engine.get_global_grad_norm()
+        norm = plain if cfg.zero_stage == 0 else self.engine.get_global_grad_norm()
         st.grad_norm = float(norm) if norm is not None else 0.0
         st.clip_fraction = clipped / local_tokens if local_tokens else 0.0
         st.mismatch = mism / local_tokens if local_tokens else 0.0

@@ -1,0 +1,123 @@
+"""`make demo` on the demo pack, shrunk: the committed warm start (models/demo-pack-warm) through
+probe -> select -> GRPO -> eval -> fresh-seed eval -> Table 1, on an evenly spaced sample of
+11 tasks per split (one per template) and 2 training steps. What it checks is the pipeline's
+bookkeeping on the pack `make demo` runs: the pool is a subset of the train split with no eval
+id, both Table 1s are what the DuckDB files say, the fresh instances are none of the pack's, the
+median oracle episode is printed and within the pack's 300-token budget with the committed
+tokenizer, and the export loads in transformers and serves in vLLM. The learning itself is
+measured by the README's full run, not here (2 steps move nothing measurable)."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pytest
+import yaml
+
+from tbhpc.serve.config import default_vllm_python
+
+from helpers import cpu_class
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+WARM = REPO / "models" / "demo-pack-warm"
+SMALL = ["sample=11", "probe_repeats=4", "eval_repeats=3", "fresh_repeats=1", "workers=1", "concurrency=16",
+         "train={steps: 2, groups_per_step: 2, max_draws: 8, torch_threads: 1, episodes_in_flight: 16}"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo-pack") / "demo"
+    res = subprocess.run([sys.executable, "-m", "tbhpc.cli", "demo", "--config", "jobs/demo-pack.yaml", f"out={out}", *SMALL],
+                         cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    return out, " ".join(res.stdout.split())        # rich wraps long lines
+
+
+def _ids(path: Path) -> set[str]:
+    return {ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")}
+
+
+def test_the_committed_warm_start_was_chosen_by_the_gate():
+    sel = json.loads((WARM / "selection.json").read_text())
+    chosen = sel["chosen"]
+    assert chosen == sel["history"][-1] and 0.5 <= chosen["pass_at_1"] <= 0.85
+    assert all(0 < r < 1 for r in chosen["per_type"].values()) and len(chosen["per_type"]) == 11
+    assert all(not (0.5 <= h["pass_at_1"] <= 0.85 and all(0 < r < 1 for r in h["per_type"].values()))
+               for h in sel["history"][:-1])          # the first checkpoint inside the band, not a later one
+
+
+def test_every_stage_runs_on_the_demo_pack(run):
+    out, log = run
+    for stage in ("1. policy", "2. probe", "3. select", "4. train", "5. evaluate", "5b. fresh instances", "6. report",
+                  "demo finished"):
+        assert stage in log, stage
+    median = re.search(r"an oracle episode is (\d+) tokens", log)
+    assert median and int(median.group(1)) <= 300, log[:2000]
+    for f in ("probe/results.duckdb", "pool.yaml", "train/exports/step-000002/config.json", "eval-warm/results.duckdb",
+              "eval-trained/results.duckdb", "fresh-warm/results.duckdb", "fresh-trained/results.duckdb",
+              "fresh-pack-s2027/eval_ids.txt", "report/README.md", "demo.json"):
+        assert (out / f).exists(), f
+
+
+def test_the_pool_is_train_only_and_the_fresh_instances_are_new(run):
+    from tbhpc.tasks.loader import load_pack
+    out, _ = run
+    pack = load_pack("demo")
+    train = {t.id for t in pack if t.split == "train"}
+    eval_ids = _ids(REPO / "tbhpc/data/packs/demo/eval_ids.txt")
+    pool = yaml.safe_load((out / "pool.yaml").read_text())["tasks"]
+    assert pool and set(pool) <= train and not set(pool) & eval_ids
+    fresh = load_pack(out / "fresh-pack-s2027")
+    assert len(fresh) >= 100 and not {t.id for t in fresh} & {t.id for t in pack}
+    known = {(t.query, json.dumps([t.user_context, t.data_patch], sort_keys=True, default=str)) for t in pack}
+    assert not {(t.query, json.dumps([t.user_context, t.data_patch], sort_keys=True, default=str)) for t in fresh} & known
+
+
+def test_both_tables_are_what_the_duckdb_files_say(run):
+    out, _ = run
+    summary = json.loads((out / "demo.json").read_text())
+    for table, prefix, tasks in ((summary["table1"], "eval", 11), (summary["fresh"], "fresh", 110)):
+        for side in ("warm", "trained"):
+            con = duckdb.connect(str(out / f"{prefix}-{side}" / "results.duckdb"), read_only=True)
+            n, c = con.execute("SELECT count(*), sum(reward) FROM attempts WHERE status = 'ok'").fetchone()
+            assert table[side]["pass@1"]["value"] == pytest.approx(c / n) and table[side]["tasks"] == tasks
+        delta = table["compare"]["metrics"]["pass@1"]
+        assert delta["delta"] == pytest.approx(table["trained"]["pass@1"]["value"] - table["warm"]["pass@1"]["value"])
+    assert "## Fresh instances (generator seed 2027" in (out / "report/README.md").read_text()
+
+
+def test_the_export_loads_in_transformers_and_serves_in_vllm(run, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tbhpc.policy.generation import Sampling, ServerGenerator, recompute_logprobs
+    out, _ = run
+    export = out / "train/exports/step-000002"
+    model, tok = AutoModelForCausalLM.from_pretrained(export), AutoTokenizer.from_pretrained(export)
+    warm = AutoModelForCausalLM.from_pretrained(WARM)
+    assert max(float((a - b).detach().abs().max()) for a, b in zip(model.parameters(), warm.parameters())) > 0
+    prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Please cancel order O2021."}], tokenize=False,
+                                                add_generation_prompt=True), add_special_tokens=False)
+    with torch.no_grad():
+        assert model.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False).shape[1] == len(prompt) + 4
+    if not Path(default_vllm_python()).exists():
+        if os.environ.get("TBHPC_REQUIRE_VLLM"):
+            pytest.fail(f"TBHPC_REQUIRE_VLLM is set but {default_vllm_python()} does not exist (make env-vllm)")
+        pytest.skip("no vLLM environment (run `make env-vllm`)")
+    from test_vllm import SERVE_OPTS, _wait_endpoint
+    proc = subprocess.Popen([sys.executable, "-m", "tbhpc.cli", "serve", str(tmp_path / "serve"), f"model={export}",
+                             *SERVE_OPTS, "cpu_threads=1", "dtype=float32"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        ep = _wait_endpoint(tmp_path / "serve", lambda: proc.poll() is None)
+        got = ServerGenerator(ep.base_url, ep.model).generate(prompt, Sampling(max_tokens=12), seed=1)
+        exact = recompute_logprobs(model, prompt + got.token_ids, len(prompt))
+        assert got.token_ids and np.abs(np.array(exact) - got.logprobs).max() < 1e-3, cpu_class()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
