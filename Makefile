@@ -46,14 +46,14 @@ test: env env-vllm browser $(WARM)/config.json
 # warm start models/demo-pack-warm) -> probe -> select -> GRPO -> eval (+ fresh instances) -> Table 1
 # in runs/demo-pack/report (jobs/demo-pack.yaml, ~13 min).
 # `make demo PACK=full`: the full pack (jobs/demo.yaml, models/demo-warm; the README's null result, ~46 min).
-# `make demo QUICK=1`: the pipeline check (noisy oracle: probe -> select -> eval -> report, ~1 min).
+# `make demo QUICK=1`: the pipeline check (noisy oracle: probe -> select -> eval -> report in runs/demo-quick, ~1 min).
 # `make demo MODEL=smollm2`: SmolLM2-135M-Instruct, on the full pack unless PACK=demo (jobs/demo-smollm2.yaml).
 MODEL    ?= tiny
 QUICK    ?= 0
 PACK     ?= $(if $(filter tiny,$(MODEL)),demo,full)
 DEMO_CONFIG := $(if $(filter demo,$(PACK)),jobs/demo-pack.yaml,jobs/demo$(if $(filter tiny,$(MODEL)),,-$(MODEL)).yaml)
 demo: env
-	$(VENV)/bin/tbhpc demo --config $(DEMO_CONFIG) model=$(MODEL) quick=$(if $(filter 1,$(QUICK)),true,false)
+	$(VENV)/bin/tbhpc demo --config $(DEMO_CONFIG) model=$(MODEL) quick=$(if $(filter 1,$(QUICK)),true out=runs/demo-quick,false)
 
 # Regenerate the demo model's warm start on the demo pack (~16 min on 2 cores; models/README.md): a new
 # 0.9M-parameter Qwen3 with a tokenizer learnt from the demo pack's episodes, SFT on its train split,

@@ -32,8 +32,8 @@ def run_quick(cfg: DemoConfig, console: Console) -> int:
     base = {"skill": cfg.skill}
 
     console.print("[bold]1. probe[/] the base policy on the train split")
-    run_campaign(CampaignConfig(name="probe", kind="probe", split="train", repeats=cfg.probe_repeats, policy_opts=base, **common),
-                 out / "probe", console=console)
+    run_campaign(CampaignConfig(name="probe", kind="probe", split="train", repeats=cfg.probe_repeats, policy_opts=base,
+                                tasks=_sample(cfg, "train"), **common), out / "probe", console=console)
 
     console.print("[bold]2. select[/] the policy-relative pool (Jeffreys bands, eval ids excluded)")
     pack = resolve_pack(cfg.pack)
@@ -43,8 +43,8 @@ def run_quick(cfg: DemoConfig, console: Console) -> int:
 
     console.print("[bold]3. evaluate[/] base and oracle (upper bound) on the held-out eval split")
     for name, opts in (("eval-base", base), ("eval-oracle", {})):
-        run_campaign(CampaignConfig(name=name, split="eval", repeats=cfg.eval_repeats, policy_opts=opts, **common),
-                     out / name, console=console)
+        run_campaign(CampaignConfig(name=name, split="eval", repeats=cfg.eval_repeats, policy_opts=opts,
+                                    tasks=_sample(cfg, "eval"), **common), out / name, console=console)
 
     console.print("[bold]4. aggregate[/]")
     base_counts, oracle_counts = load_counts(RunDir(out / "eval-base")), load_counts(RunDir(out / "eval-oracle"))
@@ -57,3 +57,9 @@ def run_quick(cfg: DemoConfig, console: Console) -> int:
     console.print(f"demo finished in {time.perf_counter() - start:.1f} s; next: tbhpc agg {out / 'eval-base'} "
                   f"--vs {out / 'eval-oracle'} --format md")
     return 0
+
+
+def _sample(cfg: DemoConfig, split: str) -> str | None:
+    """The config's evenly spaced sample of `split` as an id file (None: the whole split)."""
+    from tbhpc.demo.pipeline import sample_file
+    return str(sample_file(cfg, split)) if cfg.sample else None
