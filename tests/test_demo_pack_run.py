@@ -1,5 +1,5 @@
 """`make demo` on the demo pack, shrunk: the committed warm start (models/demo-pack-warm) through
-probe -> select -> GRPO -> eval -> fresh-seed eval -> Table 1, on an evenly spaced sample of
+probe -> select -> GRPO (and the continued-SFT baseline) -> eval -> fresh-seed eval -> Table 1, on an evenly spaced sample of
 11 tasks per split (one per template) and 2 training steps. What it checks is the pipeline's
 bookkeeping on the pack `make demo` runs: the pool is a subset of the train split with no eval
 id, both Table 1s are what the DuckDB files say, the fresh instances are none of the pack's, the
@@ -26,14 +26,15 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 WARM = REPO / "models" / "demo-pack-warm"
 SMALL = ["sample=11", "probe_repeats=4", "eval_repeats=3", "fresh_repeats=1", "workers=1", "concurrency=16",
+         "sft_baseline=true",
          "train={steps: 2, groups_per_step: 2, max_draws: 8, torch_threads: 1, episodes_in_flight: 16}"]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo-pack") / "demo"
-    res = subprocess.run([sys.executable, "-m", "tbhpc.cli", "demo", "--config", "jobs/demo-pack.yaml", f"out={out}", *SMALL],
-                         cwd=REPO, capture_output=True, text=True, timeout=900)
+    res = subprocess.run([sys.executable, "-m", "tbhpc.cli", "demo", "--config", "jobs/demo-pack.yaml", f"out={out}",
+                          *SMALL], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     return out, " ".join(res.stdout.split())        # rich wraps long lines
 
@@ -53,14 +54,15 @@ def test_the_committed_warm_start_was_chosen_by_the_gate():
 
 def test_every_stage_runs_on_the_demo_pack(run):
     out, log = run
-    for stage in ("1. policy", "2. probe", "3. select", "4. train", "5. evaluate", "5b. fresh instances", "6. report",
-                  "demo finished"):
+    for stage in ("1. policy", "2. probe", "3. select", "4. train", "4b. baseline", "5. evaluate",
+                  "5b. fresh instances", "6. report", "demo finished"):
         assert stage in log, stage
     median = re.search(r"an oracle episode is (\d+) tokens", log)
     assert median and int(median.group(1)) <= 300, log[:2000]
     for f in ("probe/results.duckdb", "pool.yaml", "train/exports/step-000002/config.json", "eval-warm/results.duckdb",
               "eval-trained/results.duckdb", "fresh-warm/results.duckdb", "fresh-trained/results.duckdb",
-              "fresh-pack-s2027/eval_ids.txt", "report/README.md", "demo.json"):
+              "fresh-pack-s2027/eval_ids.txt", "sft-baseline/config.json", "eval-sft/results.duckdb", "report/README.md",
+              "demo.json"):
         assert (out / f).exists(), f
 
 

@@ -22,15 +22,21 @@ def grpo_seconds(train_run: Path) -> float:
     return float(sum(row.get("step_s", 0.0) for row in read_steps(RunDir(train_run))))
 
 
-def sft_baseline(out: Path, warm: str, pool: Path, lr: float, seconds: float, seed: int, console: Console, stream) -> str:
-    """Continued SFT of `warm` for `seconds` at `lr` on the pool's tasks; returns its directory."""
+def sft_baseline(out: Path, warm: str, pool: Path, lr: float, seconds: float, seed: int, console: Console, stream,
+                 pack: str | None = None) -> str:
+    """Continued SFT of `warm` for `seconds` at `lr` on the pool's tasks (of `pack`) with the oracle
+    episodes its warm start learnt from; returns its directory."""
     target = out / "sft-baseline"
     if (target / "config.json").exists():
         console.print(f"   continued-SFT baseline: {target} (done)")
         return str(target)
     console.print(f"   continued SFT of {warm} on the pool's oracle episodes: {seconds:.0f} s at lr {lr:g}")
     steps = 100_000                       # the time budget ends it
-    stream([sys.executable, "-m", "tbhpc.cli", "warmstart", "--base", warm, "--tasks", str(pool), "--ask",
+    # the demo pack's warm start learnt from episodes without questions (the query names every value)
+    demo_pack = pack == "demo"
+    stream([sys.executable, "-m", "tbhpc.cli", "warmstart", "--base", warm, "--tasks", str(pool),
+            *(["--pack", str(pack)] if pack else []), *([] if demo_pack else ["--ask"]),
             "--out", str(target), "--steps", str(steps), "--lr", str(lr), "--warmup", "0", "--threads", "2",
-            "--batch-tokens", "8000", "--size", "demo", "--seed", str(seed), "--max-seconds", f"{seconds:.0f}"], console)
+            "--batch-tokens", "8000", "--size", "demo-pack" if demo_pack else "demo", "--seed", str(seed),
+            "--max-seconds", f"{seconds:.0f}"], console)
     return str(target)

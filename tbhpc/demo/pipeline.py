@@ -158,7 +158,7 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
         s = time.perf_counter()
         console.print("[bold]4b. baseline[/]: continued SFT of the warm start for the same time")
         policies.append(("eval-sft", sft_baseline(out, warm, out / "pool.yaml", float(tcfg["lr"]),
-                                                  grpo_seconds(out / "train"), cfg.seed, console, _stream)))
+                                                  grpo_seconds(out / "train"), cfg.seed, console, _stream, cfg.pack)))
         stage("sft baseline", s)
 
     s = time.perf_counter()
