@@ -1,11 +1,11 @@
 """`make demo` on the demo pack, shrunk: the committed warm start (models/demo-pack-warm) through
-probe -> select -> GRPO (and the continued-SFT baseline) -> eval -> fresh-seed eval -> Table 1, on an evenly spaced sample of
-11 tasks per split (one per template) and 2 training steps. What it checks is the pipeline's
-bookkeeping on the pack `make demo` runs: the pool is a subset of the train split with no eval
-id, both Table 1s are what the DuckDB files say, the fresh instances are none of the pack's, the
-median oracle episode is printed and within the pack's 300-token budget with the committed
-tokenizer, and the export loads in transformers and serves in vLLM. The learning itself is
-measured by the README's full run, not here (2 steps move nothing measurable)."""
+probe -> select -> GRPO (and the continued-SFT baseline) -> eval -> fresh-seed eval -> Table 1,
+on an evenly spaced sample of 11 tasks per split (one per template) and 2 training steps. What it
+checks is the pipeline's bookkeeping on the pack `make demo` runs: the pool is a subset of the
+train split with no eval id, both Table 1s are what the DuckDB files say, the fresh instances are
+none of the pack's, the median oracle episode is printed and within the pack's 300-token budget
+with the committed tokenizer, and the export loads in transformers and serves in vLLM. The
+learning itself is measured by the README's full run, not here (2 steps move nothing measurable)."""
 import json
 import os
 import re
@@ -39,8 +39,9 @@ def run(tmp_path_factory):
     return out, " ".join(res.stdout.split())        # rich wraps long lines
 
 
-def _ids(path: Path) -> set[str]:
-    return {ln.strip() for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")}
+def _content(tasks) -> set[tuple]:
+    """What makes an instance (the request and the rows it patches in), whatever its id."""
+    return {(t.query, json.dumps([t.user_context, t.data_patch], sort_keys=True, default=str)) for t in tasks}
 
 
 def test_the_committed_warm_start_was_chosen_by_the_gate():
@@ -67,17 +68,16 @@ def test_every_stage_runs_on_the_demo_pack(run):
 
 
 def test_the_pool_is_train_only_and_the_fresh_instances_are_new(run):
-    from tbhpc.tasks.loader import load_pack
+    from tbhpc.tasks.loader import load_exclusions, load_pack
     out, _ = run
     pack = load_pack("demo")
     train = {t.id for t in pack if t.split == "train"}
-    eval_ids = _ids(REPO / "tbhpc/data/packs/demo/eval_ids.txt")
+    eval_ids = load_exclusions(REPO / "tbhpc/data/packs/demo/eval_ids.txt")
     pool = yaml.safe_load((out / "pool.yaml").read_text())["tasks"]
     assert pool and set(pool) <= train and not set(pool) & eval_ids
     fresh = load_pack(out / "fresh-pack-s2027")
     assert len(fresh) >= 100 and not {t.id for t in fresh} & {t.id for t in pack}
-    known = {(t.query, json.dumps([t.user_context, t.data_patch], sort_keys=True, default=str)) for t in pack}
-    assert not {(t.query, json.dumps([t.user_context, t.data_patch], sort_keys=True, default=str)) for t in fresh} & known
+    assert not _content(fresh) & _content(pack)
 
 
 def test_both_tables_are_what_the_duckdb_files_say(run):
