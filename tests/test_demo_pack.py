@@ -124,3 +124,38 @@ def test_the_warm_start_gate_wants_the_band_and_no_type_at_0_or_100():
     assert not in_band({**ok, "per_type": {"a/x": 0.0, "b/y": 0.9}}, 0.5, 0.85)
     assert not in_band({**ok, "per_type": {"a/x": 1.0, "b/y": 0.5}}, 0.5, 0.85)
     assert not in_band({"pass_at_1": 0.6, "per_type": {}}, 0.5, 0.85)
+
+
+def test_the_gate_stops_a_first_phase_in_the_band_and_keeps_a_polish_phases_best_checkpoint(monkeypatch, tmp_path):
+    # The selection logic only: the evaluation is replaced by scripted figures (the real one runs
+    # campaigns of the warm start; `make warmstart-demo` is that path end to end).
+    import torch
+
+    from tbhpc.train import warm_select
+    from tbhpc.train.warm_select import SelectGate
+
+    class Model(torch.nn.Linear):
+        def save_pretrained(self, path):
+            pass
+
+    class Tok:
+        def save_pretrained(self, path):
+            pass
+
+    figures = iter([(0.30, 0.5), (0.60, 0.5),                     # "first": out of the band, then in it
+                    (0.70, 0.5), (0.65, 0.5), (0.90, 0.5), (0.72, 1.0)])   # "best": the 0.70 one stays chosen
+    monkeypatch.setattr(warm_select, "evaluate", lambda *a: (lambda p, t: {"pass_at_1": p, "per_type": {"a/x": t, "b/y": 0.5}})(*next(figures)))
+    gate, model, tok = SelectGate(str(tmp_path), every=1, log=lambda m: None), Model(1, 1, bias=False), Tok()
+    decisions = []
+    for step, mode in enumerate(["first", "first", "best", "best", "best", "best"], 1):
+        with torch.no_grad():
+            model.weight.fill_(step)
+        decisions.append(gate(step, model, tok, mode))
+    assert decisions == [False, True, False, False, False, True]    # patience 3 ends the polish phase
+    assert gate.chosen["step"] == 3 and gate.chosen["pass_at_1"] == 0.70
+    gate.restore(model)
+    assert model.weight.item() == 3.0                                # the chosen weights, not the last
+    gate.write(tmp_path)
+    doc = json.loads((tmp_path / "selection.json").read_text())
+    assert doc["chosen"]["step"] == 3 and [r["phase_gate"] for r in doc["history"]][:3] == ["first", "first", "best"]
+    assert "_state" not in doc["gate"] and doc["gate"]["patience"] == 3

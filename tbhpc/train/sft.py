@@ -30,6 +30,8 @@ class Phase:
     window: int = 0      # > 0: train on the first `window` tokens after the system turn (the copying curriculum)
     warmup: int = 0      # linear warm-up steps
     decay: int = 0       # > 0: linear decay to 5% over this many steps (more than `steps`: a phase cut short)
+    gate: str = "first"  # with a held-out gate (warm_select.py): "first" ends the phase at the first checkpoint in
+                         # the band; "best" runs it to the end or a plateau and keeps its best checkpoint in the band
 
     def factor(self, step: int) -> float:
         up = min(1.0, (step + 1) / self.warmup) if self.warmup else 1.0
@@ -120,7 +122,8 @@ def sft(model_dir: str, out_dir: str, tasks: list, phases: list[Phase], batch_to
     of its length). `extra_tasks`: more tasks to learn from (other generator seeds, say).
     `max_seconds`: stop (and save) once the optimiser steps have taken this long (a baseline given
     the same wall time as another method). `gate` (a `warm_select.SelectGate`): every `gate.every`
-    steps it evaluates the model on held-out tasks; fine-tuning stops where it says so.
+    steps it evaluates the model on held-out tasks and ends a phase where it says so (`Phase.gate`);
+    the model saved is the checkpoint it chose.
 
     Curriculum (a phase with `window`): a model trained from scratch has to learn to copy values
     (emails, ids) from the conversation; over 1,600-token episodes, 40% of them a constant system
@@ -139,10 +142,8 @@ def sft(model_dir: str, out_dir: str, tasks: list, phases: list[Phase], batch_to
     model.train()
     total_steps = sum(p.steps for p in phases)
     bar = _progress(total_steps, f"sft on {len(examples)} oracle episodes") if progress else None
-    done, t_start, stopped = 0, time.perf_counter(), False
+    done, t_start = 0, time.perf_counter()
     for n_phase, phase in enumerate(phases, 1):
-        if stopped:
-            break
         source = [after_system(e, tok, phase.window) for e in examples] if phase.window else examples
         opt = torch.optim.AdamW(model.parameters(), lr=phase.lr, weight_decay=0.0)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, phase.factor)
@@ -174,14 +175,15 @@ def sft(model_dir: str, out_dir: str, tasks: list, phases: list[Phase], batch_to
             if step % min(50, max(1, phase.steps // 10)) == 0 or step == phase.steps:
                 log(f"sft phase {n_phase}/{len(phases)} step {step}/{phase.steps} ({done}/{total_steps}): "
                     f"loss {loss_sum:.4f} over {count} tokens")
-            if gate is not None and done % gate.every == 0 and gate(done, model, tok):
-                stopped = True
-                break
+            if gate is not None and done % gate.every == 0 and gate(done, model, tok, phase.gate):
+                break         # the gate ends this phase (in the band, or past its plateau); the next one starts here
         if max_seconds is not None and time.perf_counter() - t_start >= max_seconds:
             log(f"sft: time budget {max_seconds:.0f} s reached after {done} of {total_steps} steps")
             break
     if bar is not None:
         bar.close()
+    if gate is not None:
+        gate.restore(model)           # the chosen checkpoint, not the last one evaluated
     out = Path(out_dir)
     model.save_pretrained(out)
     tok.save_pretrained(out)

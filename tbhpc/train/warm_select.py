@@ -5,12 +5,18 @@ or never right gives groups without variance, hence no gradient. How fast SFT ge
 on the seed, the data and the machine, so `tbhpc warmstart --select` evaluates a checkpoint every
 `every` steps on validation tasks (fresh instances that neither the train split nor the eval
 split holds: the demo pack's generator with another seed) with the campaign code and sampling the
-recipe uses (temperature 1), and stops at the first checkpoint whose pass@1 is inside the target
-band with no task type at 0% or 100%. Every checkpoint's figures go to `selection.json` beside
-the model, so the choice can be read afterwards.
+recipe uses (temperature 1). A phase gated "first" stops at the first checkpoint whose pass@1 is
+inside the target band with no task type at 0% or 100% (that checkpoint is chosen). A phase gated
+"best" (the low-lr polish after it) runs on and keeps the best checkpoint inside the band; it ends
+after `patience` evaluations without a better one. Why polish: a checkpoint taken mid-schedule at a
+high lr is noisy (its failures are copying slips that more demonstrations cure at once, so
+continued SFT would beat any RL started there); polished, its remaining failures are decisions.
+Every checkpoint's figures go to `selection.json` beside the model, so the choice can be read
+afterwards.
 """
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import tempfile
@@ -28,12 +34,18 @@ class SelectGate:
     hi: float = 0.85
     repeats: int = 4
     workers: int = 2
+    patience: int = 3              # "best" phases: evaluations without a better checkpoint before the phase ends
     log: object = print
     history: list[dict] = field(default_factory=list)
     chosen: dict | None = None
+    _state: dict | None = None     # the chosen checkpoint's weights (restored before saving)
+    _stale: int = 0
+    _mode: str = "first"
 
-    def __call__(self, step: int, model, tokenizer) -> bool:
-        """Evaluate the model as it is after `step` steps; True: stop here (it is chosen)."""
+    def __call__(self, step: int, model, tokenizer, mode: str = "first") -> bool:
+        """Evaluate the model as it is after `step` steps; True: end the current phase here."""
+        if mode != self._mode:
+            self._stale, self._mode = 0, mode
         work = Path(tempfile.mkdtemp(prefix="warm-select-"))
         try:
             model.save_pretrained(work / "model")
@@ -41,18 +53,27 @@ class SelectGate:
             rates = evaluate(str(work / "model"), self.pack, work / "eval", self.repeats, self.workers)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        row = {"step": step, **rates}
+        row = {"step": step, "phase_gate": mode, **rates}
         self.history.append(row)
         types = rates["per_type"].values()
         inside = in_band(rates, self.lo, self.hi)
+        better = inside and (mode == "first" or self.chosen is None or rates["pass_at_1"] > self.chosen["pass_at_1"])
         self.log(f"warm-select: step {step}: held-out pass@1 {rates['pass_at_1']:.3f} "
-                 f"(types {min(types):.2f}-{max(types):.2f}){' -> chosen' if inside else ''}")
-        if inside:
-            self.chosen = row
-        return inside
+                 f"(types {min(types):.2f}-{max(types):.2f}){' -> chosen' if better else ''}")
+        if better:
+            self.chosen, self._stale = row, 0
+            self._state = copy.deepcopy(model.state_dict())
+        else:
+            self._stale += 1
+        return inside if mode == "first" else self._stale >= self.patience
+
+    def restore(self, model) -> None:
+        """Put the chosen checkpoint's weights back into `model` (no-op when none was chosen)."""
+        if self._state is not None:
+            model.load_state_dict(self._state)
 
     def write(self, out: Path) -> None:
-        gate = {k: v for k, v in asdict(self).items() if k not in ("log", "history", "chosen", "pack")}
+        gate = {k: v for k, v in asdict(self).items() if k not in ("log", "history", "chosen", "pack", "_state", "_stale", "_mode")}
         doc = {"gate": {"validation": f"demo pack, seed {VALIDATION_SEED}, eval split", **gate},
                "chosen": self.chosen, "history": self.history}
         (Path(out) / "selection.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
