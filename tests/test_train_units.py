@@ -50,6 +50,48 @@ def test_the_cutoff_is_the_bth_mixed_group_in_draw_order():
     assert decide([FLAT, FLAT], need=2, cap=3) is None
 
 
+def test_a_bound_on_draws_ahead_keeps_the_same_groups_and_claims_fewer():
+    """Eight workers, B = 3, at most one group ahead: at most B + 1 groups are ever in flight, a
+    flat group's slot is claimed again, the cutoff is the unbounded queue's, and fewer draws run."""
+    import time
+    status = [FLAT, MIXED, FLAT, FLAT, MIXED, MIXED, FLAT, MIXED] + [MIXED] * 20
+    delays = np.random.default_rng(0).random(28) * 0.02
+
+    def run(ahead):
+        q = DrawQueue(make_store(0, 1), step=1, need=3, cap=28, ahead=ahead)
+        claimed, in_flight, peak, lock = [], set(), [0], threading.Lock()
+
+        def worker():
+            while (i := q.claim()) is not None:
+                with lock:
+                    claimed.append(i)
+                    in_flight.add(i)
+                    peak[0] = max(peak[0], len(in_flight))
+                time.sleep(delays[i])
+                with lock:
+                    in_flight.discard(i)
+                if q.surplus(i):
+                    q.release(i)
+                else:
+                    q.report(i, status[i])
+                q.cutoff()
+        threads = [threading.Thread(target=worker) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return q.cutoff(), sorted(claimed), peak[0]
+
+    cut_free, claimed_free, peak_free = run(None)
+    cut, claimed, peak = run(1)
+    assert cut == cut_free == 5
+    assert claimed[:cut + 1] == list(range(cut + 1))             # every draw up to the cutoff ran
+    assert peak <= 3 + 1 < peak_free == 8
+    assert len(claimed) < len(claimed_free)
+    with pytest.raises(UserError, match="draw_ahead"):
+        TrainConfig(model="m", pool="p", draw_ahead=-2)
+
+
 def test_the_queue_decides_the_same_groups_whatever_finishes_first():
     """Eight workers on two 'ranks' (one store) finish draws in a scrambled order; the decided
     cutoff is the draw-order one, and nobody claims far past it."""

@@ -38,6 +38,7 @@ class TrainConfig:
     groups_per_step: int = 18
     max_draws: int = 0                    # cap on groups drawn per step (replacement of zero-variance ones); 0 = 4 x B
     max_reruns: int = 3                   # system-error re-runs per episode before its group is dropped
+    draw_ahead: int = -1                  # groups in flight beyond the B a step could still keep (-1: no bound)
     # where tokens come from: the run's vLLM server (endpoint.json) or the policy in this process
     generator: str = "server"             # server | local | batched (in process; batched serves episodes_in_flight together)
     episodes_in_flight: int = 32          # concurrent episodes per rank (server mode)
@@ -92,6 +93,8 @@ class TrainConfig:
                 raise UserError(f"train config: field {name!r} must be >= 1, got {getattr(self, name)!r}")
         if self.group_size < 2:
             raise UserError("train config: field 'group_size' must be >= 2 (a group of one has no baseline)")
+        if self.draw_ahead < -1:
+            raise UserError(f"train config: field 'draw_ahead' must be >= 0, or -1 (no bound), got {self.draw_ahead!r}")
         if self.generator not in ("server", "local", "batched"):
             raise UserError(f"train config: field 'generator' must be server, local or batched, got {self.generator!r}")
         if self.dtype not in ("auto", "fp32", "bf16"):

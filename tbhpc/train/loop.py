@@ -136,7 +136,8 @@ class Trainer:
         cfg, t_step = self.cfg, time.monotonic()
         sync_s = self._sampling_weights(step)
         t0 = time.monotonic()
-        queue = DrawQueue(self.store, step, cfg.groups_per_step, cfg.draw_cap)
+        queue = DrawQueue(self.store, step, cfg.groups_per_step, cfg.draw_cap,
+                          None if cfg.draw_ahead < 0 else cfg.draw_ahead)
         done = threading.Event()
         if self.rank0:
             threading.Thread(target=self._progress, args=(step, queue, done, t0), daemon=True).start()

@@ -11,6 +11,13 @@ groups *in draw order* (the cutoff is the index of the B-th one). Which groups a
 is then a function of (seed, step) alone, whatever the number of ranks or their speed, which is
 what makes a requeued run reach the same weights. Groups claimed past the cutoff are surplus:
 they stop between episodes and are discarded.
+
+Why a bound on draws ahead (`ahead`): every rank's workers claim as long as fewer than B
+informative groups are known, so with W groups in flight a step ends with up to W - 1 of them
+surplus, which on a CPU (or any generator whose throughput is shared) slows the groups that are
+kept. With `ahead` = a, a draw is claimed only while (informative groups known + groups in
+flight) < B + a: a flat or dropped group frees the slot its worker then claims, a mixed one does
+not. Which groups are kept is unchanged (still the first B in draw order); only the waste is.
 """
 from __future__ import annotations
 
@@ -33,8 +40,8 @@ def decide(statuses: list[str | None], need: int, cap: int) -> int | None:
 
 
 class DrawQueue:
-    def __init__(self, store, step: int, need: int, cap: int):
-        self.store, self.need, self.cap = store, need, cap
+    def __init__(self, store, step: int, need: int, cap: int, ahead: int | None = None):
+        self.store, self.need, self.cap, self.ahead = store, need, cap, ahead
         self.prefix = f"step{step}/"
         self._lock = threading.Lock()      # one thread at a time talks to the store (TCPStore clients are not thread-safe)
         self._known: list[str | None] = []
@@ -43,20 +50,35 @@ class DrawQueue:
     def claim(self) -> int | None:
         """The next draw index to run, or None when the step is decided, aborted or at its cap, or
         when B informative groups are already known: a later draw can then never be kept (the
-        first B in draw order are all at or before the known ones), so claiming it is waste."""
+        first B in draw order are all at or before the known ones), so claiming it is waste; also
+        None when `ahead` is set and the groups in flight could already complete the step."""
         if self.cutoff() is not None or self.aborted():
             return None
         with self._lock:
-            if int(self.store.add(self.prefix + "mixed", 0)) >= self.need:
+            mixed = int(self.store.add(self.prefix + "mixed", 0))
+            if mixed >= self.need:
+                return None
+            # read, then claimed: across ranks two may both take the last free slot (a bound on waste, not exact)
+            if self.ahead is not None and mixed + int(self.store.add(self.prefix + "inflight", 0)) >= self.need + self.ahead:
                 return None
             i = int(self.store.add(self.prefix + "next", 1)) - 1
-        return i if i < self.cap else None
+            if i >= self.cap:
+                return None
+            self.store.add(self.prefix + "inflight", 1)
+        return i
 
     def report(self, index: int, status: str) -> None:
+        """A claimed draw's outcome (mixed, flat or dropped); it is no longer in flight."""
         with self._lock:
             self.store.set(f"{self.prefix}r{index}", status)
             if status == MIXED:
                 self.store.add(self.prefix + "mixed", 1)
+            self.store.add(self.prefix + "inflight", -1)
+
+    def release(self, index: int) -> None:
+        """A claimed draw that ended surplus (past the cutoff): no outcome, no longer in flight."""
+        with self._lock:
+            self.store.add(self.prefix + "inflight", -1)
 
     def cutoff(self) -> int | None:
         """The decided cutoff (None while undecided); reads the outcomes other ranks reported."""

@@ -66,7 +66,9 @@ def run_rank_rollouts(ctx: RolloutContext, queue: DrawQueue, step: int, expected
             try:
                 while not stop.is_set() and (i := queue.claim()) is not None:
                     g = _run_group(ctx, episodes, queue, step, i, expected_version, stop)
-                    if g.status != SURPLUS:
+                    if g.status == SURPLUS:
+                        queue.release(i)
+                    else:
                         queue.report(i, g.status)
                     with lock:
                         out.append(g)
