@@ -55,7 +55,7 @@ def test_a_bound_on_draws_ahead_keeps_the_same_groups_and_claims_fewer():
     flat group's slot is claimed again, the cutoff is the unbounded queue's, and fewer draws run."""
     import time
     status = [FLAT, MIXED, FLAT, FLAT, MIXED, MIXED, FLAT, MIXED] + [MIXED] * 20
-    delays = np.random.default_rng(0).random(28) * 0.02
+    delays = 0.01 + np.random.default_rng(0).random(28) * 0.02    # >= 10 ms: every worker claims before the first reports
 
     def run(ahead):
         q = DrawQueue(make_store(0, 1), step=1, need=3, cap=28, ahead=ahead)
