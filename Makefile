@@ -76,6 +76,7 @@ bench: env env-vllm model-smollm2 $(WARM)/config.json
 	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/serve_throughput.py
 	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/weight_sync.py
 	OMP_NUM_THREADS=2 $(VPY) bench/train_step.py
+	OMP_NUM_THREADS=2 $(VPY) bench/omp_teams.py
 
 # GRPO training: `make train NODES=3 [CONFIG=jobs/train-*.yaml] [RUN=runs/train]`. With a reachable
 # Slurm cluster (sinfo answers) it submits the serving job and the trainer job and returns; without

@@ -93,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.cmd == "train":     # the trainer and its in-process generator thread: tbhpc/openmp.py
+        from tbhpc.openmp import keep_workers_spinning
+        keep_workers_spinning()
     try:
         if args.cmd == "tasks":
             from tbhpc import cli_tasks
