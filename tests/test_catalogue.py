@@ -141,3 +141,55 @@ def test_sql_and_export_from_the_command_line(runs, tmp_path):
     assert con.execute(f"SELECT count(*) FROM read_parquet('{tmp_path / 'pq' / 'task_stats.parquet'}')").fetchone() == (6,)
     bad = subprocess.run(cli + ["sql", str(tmp_path / "nowhere"), "SELECT 1"], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such folder" in bad.stderr
+
+
+def _checksums(root):
+    import hashlib
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+HOSTILE_SQL = {
+    "detach then attach writable and drop": "DETACH r0; ATTACH '{db}' AS w; DROP TABLE w.main.attempts",
+    "attach writable": "ATTACH '{db}' AS w",
+    "copy over the run's config": "COPY (SELECT 1 AS x) TO '{run}/config.yaml'",
+    "export the database": "EXPORT DATABASE '{run}/dump'",
+    "create a table": "CREATE TABLE t AS SELECT 1",
+    "turn external access back on": "SET enable_external_access = true",
+    "a query then a write": "SELECT 1; COPY (SELECT 1) TO '{run}/x.csv'",
+    "install an extension": "INSTALL httpfs",
+    "read any file as text": "SELECT * FROM read_text('/etc/hostname')",
+    "read any file as csv": "SELECT * FROM read_csv('/etc/passwd')",
+    "list any folder": "SELECT * FROM glob('/etc/*')",
+    "read a file beside the runs": "SELECT * FROM read_text('{run}/config.yaml')",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE_SQL))
+def test_sql_cannot_change_or_read_anything_but_the_runs(runs, tmp_path, name):
+    import shutil
+    root = tmp_path / "root"
+    shutil.copytree(runs / "oracle", root / "oracle")
+    before = _checksums(root)
+    query = HOSTILE_SQL[name].format(db=root / "oracle" / "results.duckdb", run=root / "oracle")
+    out = subprocess.run([sys.executable, "-m", "tbhpc.cli", "sql", str(root), query], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and out.stderr.startswith("tbhpc: error: sql: "), out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+    assert _checksums(root) == before            # nothing changed, nothing written
+    ok = subprocess.run([sys.executable, "-m", "tbhpc.cli", "sql", str(root), "SELECT count(*) AS n FROM attempts",
+                         "--format", "csv"], capture_output=True, text=True, timeout=60)
+    assert ok.stdout.splitlines() == ["n", "12"]      # and the run still reads
+
+
+def test_the_query_forms_that_read_still_run(runs):
+    cat = Catalogue(runs)
+    assert cat.sql("DESCRIBE attempts").fetchall()[0][0] == "run"
+    assert ("attempts",) in cat.sql("SHOW TABLES").fetchall()
+    assert cat.sql("SUMMARIZE SELECT reward FROM attempts").fetchall()[0][0] == "reward"
+    assert cat.sql("FROM attempts SELECT count(*)").fetchone()[0] >= 24
+    assert cat.sql("EXPLAIN SELECT 1").fetchall()[0][0] == "physical_plan"
+    with pytest.raises(UserError, match="empty"):
+        cat.sql("  ;")
+    with pytest.raises(UserError, match="Parser Error"):
+        cat.sql("SELEC 1")
+    cat.close()

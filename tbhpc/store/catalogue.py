@@ -13,6 +13,12 @@ Every query rescans ROOT, so a run added after the catalogue was opened is seen 
 query. A run whose merge is writing at that moment holds DuckDB's write lock: the catalogue
 retries its attach for `wait_s` (merges take seconds), then leaves that run out of the query and
 says so (`Catalogue.skipped`), never blocking the writer.
+
+Read-only for real, not by convention: each query gets a fresh in-memory connection that attaches
+the runs (READ_ONLY), defines the views, then turns external access off (no file read or written,
+no ATTACH, no extension installed) and locks its configuration, so the query cannot turn it back
+on. Only queries run (SELECT and what DuckDB parses as one: DESCRIBE, SHOW, SUMMARIZE, PRAGMA, and
+EXPLAIN); DETACH, CREATE, COPY, SET and the rest are refused before anything executes.
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ import duckdb
 from tbhpc.errors import UserError
 from tbhpc.store.schema import task_stats_sql
 
+QUERY_KINDS = ("SELECT", "EXPLAIN")
 TABLES = ("attempts", "campaigns", "tasks", "plan", "blobs", "selections", "train_steps")
 DB_NAME = "results.duckdb"
 
@@ -86,8 +93,8 @@ def find_runs(root: Path) -> list[Path]:
 class Catalogue:
     root: Path
     wait_s: float = 10.0
-    con: duckdb.DuckDBPyConnection = field(default_factory=lambda: duckdb.connect(":memory:"))
-    attached: dict[Path, str] = field(default_factory=dict)      # database file -> alias
+    con: duckdb.DuckDBPyConnection | None = None
+    attached: dict[Path, str] = field(default_factory=dict)      # database file -> alias (the last query's)
     skipped: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -96,14 +103,16 @@ class Catalogue:
             raise UserError(f"{self.root}: no such folder")
 
     def refresh(self) -> None:
-        """Attach runs that appeared since the last query; rebuild the views."""
-        self.skipped = []
+        """A new connection: every run under root attached (read-only), the views, then locked."""
+        self.close()
+        self.con, self.attached, self.skipped = duckdb.connect(":memory:"), {}, []
         for db in find_runs(self.root):
-            if db not in self.attached:
-                alias = f"r{len(self.attached)}"
-                if self._attach(db, alias):
-                    self.attached[db] = alias
+            alias = f"r{len(self.attached)}"
+            if self._attach(db, alias):
+                self.attached[db] = alias
         self._views()
+        self.con.execute("SET enable_external_access = false")
+        self.con.execute("SET lock_configuration = true")
 
     def _attach(self, db: Path, alias: str) -> bool:
         deadline = time.monotonic() + self.wait_s
@@ -132,17 +141,20 @@ class Catalogue:
                     parts.append(f"SELECT '{_esc(self.name(db))}' AS run, * FROM {alias}.main.{table}")
             if parts:
                 self.con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS " + " UNION ALL BY NAME ".join(parts))
-            else:
-                self.con.execute(f"DROP VIEW IF EXISTS {table}")
         # views over the union views (a run's own task_stats would bind to those too), where the
         # runs have what they read: older schemas may lack `tasks` or `transcript`
         for view, sql in (("task_stats", task_stats_sql(per_run=True)), ("tool_calls", TOOL_CALLS_SQL)):
             try:
                 self.con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS {sql}")
             except (duckdb.BinderException, duckdb.CatalogException):
-                self.con.execute(f"DROP VIEW IF EXISTS {view}")
+                pass
 
     def sql(self, query: str):
+        kinds = query_kinds(query)
+        refused = [k for k in kinds if k not in QUERY_KINDS]
+        if refused:
+            raise UserError(f"sql: only queries run here (SELECT, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN); "
+                            f"this is {', '.join(refused)}")
         self.refresh()
         if not self.attached:
             raise UserError(f"{self.root}: no run databases ({DB_NAME}) under it")
@@ -152,7 +164,21 @@ class Catalogue:
             raise UserError(f"sql: {' '.join(str(exc).split())[:400]}") from None
 
     def close(self) -> None:
-        self.con.close()
+        if self.con is not None:
+            self.con.close()
+            self.con = None
+
+
+def query_kinds(query: str) -> list[str]:
+    """DuckDB's statement kinds of `query` (parsed, not run); a parse error is the user's."""
+    with duckdb.connect(":memory:") as con:
+        try:
+            statements = con.extract_statements(query)
+        except duckdb.Error as exc:
+            raise UserError(f"sql: {' '.join(str(exc).split())[:400]}") from None
+    if not statements:
+        raise UserError("sql: the query is empty")
+    return [s.type.name for s in statements]
 
 
 def _esc(text: str) -> str:
