@@ -17,10 +17,13 @@ def run(args, policy_opts: dict) -> int:
     if is_tb_source(args.pack):
         task = TBDataset(args.pack).tasks([args.task])[0]
     else:
+        from tbhpc.tasks.checked import check_pack
         pack = resolve_pack(args.pack)
-        task = next((t for t in load_pack(pack) if t.id == args.task), None)
+        tasks = load_pack(pack)
+        task = next((t for t in tasks if t.id == args.task), None)
         if task is None:
             raise PackError(str(pack), "no such task", args.task, "id")
+        check_pack(pack, tasks)
     envs = Environments(args.servers, announce=True)
     try:
         res = run_episode(task, envs.for_task(task), make_policy(args.policy, **policy_opts),

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tbhpc.errors import PackError
-from tbhpc.tasks.loader import load_exclusions, load_pack, pack_files, resolve_pack, validate_tasks
+from tbhpc.tasks.loader import load_pack, pack_files, resolve_pack
 
 
 def run(args) -> int:
@@ -63,14 +63,8 @@ def run(args) -> int:
         msg = f"OK: {len(tasks)} tasks in {len(scenarios)} scenario(s)" + ("" if args.servers else " (servers not checked: --servers FILE)")
         print(json.dumps({"ok": True, "tasks": len(tasks)}) if args.format == "json" else msg)
         return 0
-    from tbhpc.domains import catalogs
-    validate_tasks(tasks, catalogs({t.domain for t in tasks}))
-    excl = pack / "eval_ids.txt" if pack.is_dir() else None
-    if excl is not None and excl.exists():
-        listed, evals = load_exclusions(excl), {t.id for t in tasks if t.split == "eval"}
-        if listed != evals:
-            bad = sorted(listed ^ evals)[0]
-            raise PackError(str(excl), f"exclusion list disagrees with the pack's eval split (first: {bad})")
+    from tbhpc.tasks.checked import check_pack
+    check_pack(pack, tasks)
     msg = f"OK: {len(tasks)} tasks in {len(pack_files(pack))} file(s) ({sum(t.split == 'eval' for t in tasks)} eval)"
     print(json.dumps({"ok": True, "tasks": len(tasks)}) if args.format == "json" else msg)
     return 0

@@ -58,6 +58,8 @@ class CampaignConfig:
         for name in ("repeats", "workers", "chunk_size", "concurrency"):
             if getattr(self, name) < 1:
                 raise UserError(f"campaign config: field {name!r} must be >= 1")
+        from tbhpc.policy import check_policy_options
+        check_policy_options(self.policy, self.policy_opts, "campaign config: policy_opts")
 
     @property
     def resolved_policy_id(self) -> str:
@@ -117,7 +119,9 @@ def select_tasks(cfg: CampaignConfig) -> list[Task]:
 
 
 def _pack_tasks(cfg: CampaignConfig) -> list[Task]:
+    from tbhpc.tasks.checked import check_pack
     tasks = load_pack(pack_path(cfg))
+    check_pack(pack_path(cfg), tasks)      # a broken task must not be scored (tbhpc/tasks/checked.py)
     if cfg.tasks:
         by_id = {t.id: t for t in tasks}
         ids = read_task_ids(Path(cfg.tasks))

@@ -242,12 +242,14 @@ class DomainCatalog:
     read_only_tools: frozenset[str] = frozenset()
 
 
-def validate_tasks(tasks: Iterable[Task], catalogs: dict[str, DomainCatalog]) -> None:
-    """Check tools, parameter types and patched tables/columns against each domain's catalogue."""
+def validate_tasks(tasks: Iterable[Task], catalogs: dict[str, DomainCatalog], known: Iterable[str] = ()) -> None:
+    """Check tools, parameter types and patched tables/columns against each domain's catalogue
+    (`known`: every domain name there is, for the message; default: the catalogues')."""
     for t in tasks:
         cat = catalogs.get(t.domain)
         if cat is None:
-            raise PackError(t.source_file, f"unknown domain {t.domain!r} (known: {', '.join(sorted(catalogs))})", t.id, "domain")
+            names = list(known) or sorted(catalogs)
+            raise PackError(t.source_file, f"unknown domain {t.domain!r} (known: {', '.join(names)})", t.id, "domain")
         for table, rows in t.data_patch.items():
             if table not in cat.tables:
                 raise PackError(t.source_file, f"unknown table {table!r}", t.id, f"init.data_patch.{table}")
