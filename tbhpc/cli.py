@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from tbhpc.config import yaml_value
 from tbhpc.errors import TbhpcError, UserError
 
 
@@ -18,7 +17,7 @@ def _opts(pairs: list[str]) -> dict[str, Any]:
         if "=" not in p:
             raise UserError(f"--opt: expected key=value, got {p!r}")
         k, v = p.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v)
+        out[k.strip()] = yaml_value(v, f"--opt {p!r}")
     return out
 
 

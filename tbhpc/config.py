@@ -41,7 +41,7 @@ def load_config(cls: type[T], path: Path | str | None = None, overrides: list[st
         if "=" not in item:
             raise UserError(f"override {item!r}: expected key=value")
         key, raw = item.split("=", 1)
-        key, value = key.strip(), yaml.safe_load(raw)
+        key, value = key.strip(), yaml_value(raw, f"override {item!r}")
         if "." in key:       # section.field=value: one field of a nested section (train.lr=1e-4)
             section, sub = key.split(".", 1)
             nested = values.get(section)
@@ -53,11 +53,25 @@ def load_config(cls: type[T], path: Path | str | None = None, overrides: list[st
     return from_dict(cls, values, origin)
 
 
+def yaml_value(raw: str, where: str) -> Any:
+    """A `key=value` override's value as YAML reads it; malformed YAML is one line naming `where`."""
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise UserError(f"{where}: malformed YAML value: {' '.join(str(exc).split())[:160]}") from None
+
+
 def from_dict(cls: type[T], values: dict[str, Any], origin: dict[str, str] | None = None) -> T:
     """Build a config dataclass from plain values; unknown keys and wrong types fail in one line
     naming where the value came from (`origin`: key -> file or override)."""
+    return cls(**checked_values(cls, values, origin))
+
+
+def checked_values(cls: type, values: dict[str, Any], origin: dict[str, str] | None = None) -> dict[str, Any]:
+    """`values` checked against `cls`'s fields (names and types; nested sections built), without
+    building `cls` itself: for options checked long before the object they configure exists."""
     origin = origin or {}
-    fields = {f.name for f in dataclasses.fields(cls)}
+    fields = {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")}
     unknown = sorted(set(values) - fields)
     if unknown:
         where = origin.get(unknown[0], cls.__name__)
@@ -78,7 +92,7 @@ def from_dict(cls: type[T], values: dict[str, Any], origin: dict[str, str] | Non
         if want is not None and not _fits(value, want):
             where = origin.get(key, cls.__name__)
             raise UserError(f"{where}: field {key!r}: expected {_name(want)}, got {type(value).__name__}")
-    return cls(**values)
+    return values
 
 
 def _fits(value: Any, want: Any) -> bool:

@@ -13,23 +13,37 @@ from tbhpc.policy.base import Completion, Policy, PolicySession
 POLICY_NAMES = ("oracle", "noop", "openai", "hf", "tokens")
 
 
-def make_policy(name: str, **options: Any) -> Policy:
+def policy_class(name: str) -> type:
     if name == "oracle":
         from tbhpc.policy.scripted import OraclePolicy
-        return OraclePolicy(**options)
+        return OraclePolicy
     if name == "noop":
         from tbhpc.policy.scripted import NoopPolicy
-        return NoopPolicy()
+        return NoopPolicy
     if name == "openai":
         from tbhpc.policy.openai import OpenAIPolicy
-        return OpenAIPolicy(**options)
+        return OpenAIPolicy
     if name == "hf":
         from tbhpc.policy.hf import HFPolicy
-        return HFPolicy(**options)
+        return HFPolicy
     if name == "tokens":
         from tbhpc.policy.tokens import TokenPolicy
-        return TokenPolicy(**options)
+        return TokenPolicy
     raise UserError(f"--policy: unknown policy {name!r} (choose from {', '.join(POLICY_NAMES)})")
 
 
-__all__ = ["Completion", "Policy", "PolicySession", "make_policy", "POLICY_NAMES"]
+def check_policy_options(name: str, options: dict[str, Any], where: str = "policy_opts") -> dict[str, Any]:
+    """The options' names and types against the policy's fields, without building it (a campaign
+    checks them before its run directory exists): one line naming `where` and the field."""
+    from tbhpc.config import checked_values
+    if not isinstance(options, dict):
+        raise UserError(f"{where}: expected a mapping of {name} policy options, got {type(options).__name__}")
+    return checked_values(policy_class(name), options, {k: f"{where} ({name} policy)" for k in options})
+
+
+def make_policy(name: str, **options: Any) -> Policy:
+    cls = policy_class(name)
+    return cls(**check_policy_options(name, options))
+
+
+__all__ = ["Completion", "Policy", "PolicySession", "check_policy_options", "make_policy", "policy_class", "POLICY_NAMES"]

@@ -1,0 +1,53 @@
+"""Policy options and `key=value` overrides checked before anything is written: a typo is one line
+naming the field, and the corrected command then runs (nothing half-created to refuse it)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tbhpc.errors import UserError
+from tbhpc.policy import check_policy_options, make_policy
+
+CLI = [sys.executable, "-m", "tbhpc.cli"]
+
+
+def _run(args, timeout=120):
+    return subprocess.run(CLI + args, capture_output=True, text=True, timeout=timeout)
+
+
+def _one_line(r, *needles):
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    for n in needles:
+        assert n in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("override, needles", [
+    ("policy_opts={skil: 0.7}", ("policy_opts", "unknown field 'skil'", "skill")),
+    ("policy_opts={skill: high}", ("policy_opts", "'skill'", "expected float, got str")),
+    ("policy_opts={skill: 0.7", ("policy_opts={skill: 0.7", "malformed YAML value")),
+    ("policy_opts=[0.7]", ("policy_opts", "expected dict")),
+])
+def test_a_campaign_with_bad_policy_options_creates_nothing_and_the_fix_runs(tmp_path: Path, override, needles):
+    out = tmp_path / "run"
+    _one_line(_run(["eval", "--out", str(out), "limit=2", "repeats=1", override]), *needles)
+    assert not out.exists()
+    fixed = _run(["eval", "--out", str(out), "limit=2", "repeats=1", "workers=1", "policy_opts={skill: 0.7}"], timeout=300)
+    assert fixed.returncode == 0, fixed.stderr
+
+
+def test_episode_options_are_checked_the_same_way():
+    _one_line(_run(["episode", "--task", "retail-order_status-000", "--opt", "skil=0.7"]), "unknown field 'skil'")
+    _one_line(_run(["episode", "--task", "retail-order_status-000", "--opt", "skill={"]), "--opt", "malformed YAML value")
+
+
+def test_options_are_checked_without_building_the_policy():
+    # an endpoint that does not exist would fail in the openai policy's constructor: the check never builds it
+    assert check_policy_options("openai", {"endpoint": "/nowhere", "timeout_s": 5}) == {"endpoint": "/nowhere", "timeout_s": 5}
+    with pytest.raises(UserError, match="unknown field 'temprature'"):
+        check_policy_options("tokens", {"temprature": 1.0})
+    with pytest.raises(UserError, match="noop policy.*unknown field 'skill'"):
+        make_policy("noop", skill=0.5)
+    with pytest.raises(UserError, match="unknown policy 'orcale'"):
+        check_policy_options("orcale", {})
