@@ -47,11 +47,12 @@ test: env env-vllm browser $(WARM)/config.json
 # in runs/demo-pack/report (jobs/demo-pack.yaml, ~13 min).
 # `make demo PACK=full`: the full pack (jobs/demo.yaml, models/demo-warm; the README's null result, ~46 min).
 # `make demo QUICK=1`: the pipeline check (noisy oracle: probe -> select -> eval -> report in runs/demo-quick, ~10 s).
-# `make demo MODEL=smollm2`: SmolLM2-135M-Instruct, on the full pack unless PACK=demo (jobs/demo-smollm2.yaml).
+# `make demo MODEL=smollm2`: SmolLM2-135M-Instruct on the full pack (jobs/demo-smollm2.yaml); with PACK=demo
+# on the demo pack (jobs/demo-pack-smollm2.yaml).
 MODEL    ?= tiny
 QUICK    ?= 0
 PACK     ?= $(if $(filter tiny,$(MODEL)),demo,full)
-DEMO_CONFIG := $(if $(filter demo,$(PACK)),jobs/demo-pack.yaml,jobs/demo$(if $(filter tiny,$(MODEL)),,-$(MODEL)).yaml)
+DEMO_CONFIG := jobs/demo$(if $(filter demo,$(PACK)),-pack)$(if $(filter tiny,$(MODEL)),,-$(MODEL)).yaml
 demo: env
 	$(VENV)/bin/tbhpc demo --config $(DEMO_CONFIG) model=$(MODEL) quick=$(if $(filter 1,$(QUICK)),true out=runs/demo-quick,false)
 

@@ -81,6 +81,20 @@ def test_a_seed_writes_fresh_instances_of_the_same_templates(tmp_path: Path, dem
     assert DEMO_SEED != 11
 
 
+def test_the_fresh_pack_size_is_a_field_and_a_template_s_first_instances_do_not_depend_on_it(tmp_path: Path):
+    from tbhpc.demo.config import DemoConfig
+    from tbhpc.demo.pipeline import fresh_pack
+    from tbhpc.errors import UserError
+    small = load_pack(fresh_pack(DemoConfig(fresh_seed=5, fresh_per_template=2), tmp_path))
+    large = load_pack(fresh_pack(DemoConfig(fresh_seed=5, fresh_per_template=3), tmp_path))
+    templates = {(t.domain, t.template) for t in large}
+    assert len(small) == 2 * len(templates) and len(large) == 3 * len(templates)
+    assert {t.id: t.query for t in small}.items() <= {t.id: t.query for t in large}.items()
+    assert all(t.split == "eval" for t in large)
+    with pytest.raises(UserError, match="fresh_per_template"):
+        DemoConfig(fresh_seed=5, fresh_per_template=0)
+
+
 def test_no_constant_behaviour_passes_more_than_about_half_of_a_template(instances):
     """Each branch played on every train instance, hedges (act, then a refusal's message),
     transfer and doing nothing: graded by the real engine, per template."""

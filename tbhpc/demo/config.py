@@ -41,6 +41,7 @@ class DemoConfig:
     sft_baseline: bool = False          # also continue the warm start's SFT for GRPO's wall time, and evaluate it
     fresh_seed: int | None = None       # after training, generate demo-pack instances with this seed and evaluate on them too
     fresh_repeats: int = 10
+    fresh_per_template: int = 10        # fresh instances of each template (11 templates: 110 tasks at 10)
     skill: float = 0.7                  # quick mode: the noisy oracle keeps each golden step with this probability
 
     def __post_init__(self) -> None:
@@ -50,7 +51,8 @@ class DemoConfig:
             raise UserError(f"demo config: field 'skill' must be within [0, 1], got {self.skill}")
         if self.sample is not None and (self.sample < 1 or self.tasks):
             raise UserError("demo config: field 'sample' must be >= 1 and cannot be combined with 'tasks'")
-        for name in ("probe_repeats", "eval_repeats", "workers", "concurrency", "max_tokens", "response_budget", "fresh_repeats"):
+        for name in ("probe_repeats", "eval_repeats", "workers", "concurrency", "max_tokens", "response_budget", "fresh_repeats",
+                     "fresh_per_template"):
             if getattr(self, name) < 1:
                 raise UserError(f"demo config: field {name!r} must be >= 1")
         if not 0.0 < self.temperature <= 2.0:

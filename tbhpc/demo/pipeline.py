@@ -191,11 +191,13 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
 
 
 def fresh_pack(cfg: DemoConfig, out: Path) -> Path:
-    """The demo pack's templates drawn with `fresh_seed` (written once; the same bytes every time)."""
-    from tbhpc.domains.demo.pack import write_demo_pack
-    path = out / f"fresh-pack-s{cfg.fresh_seed}"
+    """The demo pack's templates drawn with `fresh_seed`, `fresh_per_template` instances each (written
+    once; the same bytes every time; the first N of a template are the same whatever the count)."""
+    from tbhpc.domains.demo.pack import EVAL_PER_TEMPLATE, write_demo_pack
+    n = cfg.fresh_per_template
+    path = out / (f"fresh-pack-s{cfg.fresh_seed}" + ("" if n == EVAL_PER_TEMPLATE else f"-x{n}"))
     if not (path / "eval_ids.txt").exists():
-        write_demo_pack(path, seed=cfg.fresh_seed, train=0)
+        write_demo_pack(path, seed=cfg.fresh_seed, train=0, eval=n)
     return path
 
 
