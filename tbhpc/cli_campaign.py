@@ -49,7 +49,7 @@ def run(args) -> int:
     if args.cmd in ("probe", "eval"):
         from tbhpc.campaign.executors import make_executor
         from tbhpc.campaign.runner import run_campaign
-        overrides = list(args.overrides) + ([f"workers={args.workers}"] if args.workers else [])
+        overrides = list(args.overrides) + ([f"workers={args.workers}"] if args.workers is not None else [])
         cfg = load_config(CampaignConfig, args.config, overrides, base=KIND_DEFAULTS[args.cmd])
         res = run_campaign(cfg, args.out, make_executor(args.executor, cfg.workers, cfg.slurm), console)
         print(f"{args.out}: {res.planned} planned, {res.already_done} already done, {res.executed} executed "

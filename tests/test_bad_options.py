@@ -51,3 +51,37 @@ def test_options_are_checked_without_building_the_policy():
         make_policy("noop", skill=0.5)
     with pytest.raises(UserError, match="unknown policy 'orcale'"):
         check_policy_options("orcale", {})
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["limit=-2"], ("'limit'", "-2")),
+    (["--workers", "0"], ("'workers'", "got 0")),
+    (["policy_opts={skill: .nan}"], ("'skill'", "nan")),
+    (["policy_opts={skill: 5}"], ("'skill'", "within [0, 1]")),
+    (["policy_opts={skill: -1}"], ("'skill'",)),
+    (["policy_opts={delay_s: .inf}"], ("'delay_s'",)),
+])
+def test_campaign_values_out_of_range_create_nothing(tmp_path: Path, args, needles):
+    out = tmp_path / "run"
+    _one_line(_run(["eval", "--out", str(out), "repeats=1", *args]), *needles)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("override, needles", [
+    ("temperature=-1", ("'temperature'", "-1")), ("top_p=5", ("'top_p'",)), ("top_k=-3", ("'top_k'",)),
+    ("lr=.nan", ("'lr'", "nan")), ("betas=[0.9, 2]", ("'betas'",)), ("grad_clip=0", ("'grad_clip'",)),
+    ("max_draws=1", ("'max_draws'",)),
+])
+def test_train_values_out_of_range_are_refused_before_the_model_loads(tmp_path: Path, override, needles):
+    from tbhpc.config import load_config
+    from tbhpc.train.config import TrainConfig
+    with pytest.raises(UserError) as err:
+        load_config(TrainConfig, None, ["groups_per_step=4", override])
+    assert all(n in str(err.value) for n in needles) and "\n" not in str(err.value)
+
+
+def test_the_demo_checks_its_train_section_before_the_first_stage(tmp_path: Path):
+    out = tmp_path / "demo"
+    _one_line(_run(["demo", f"out={out}", "train.stpes=3"]), "train.stpes", "unknown field 'stpes'")
+    _one_line(_run(["demo", f"out={out}", "train.lr=-1"]), "'lr'")
+    assert not out.exists()

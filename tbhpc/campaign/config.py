@@ -57,7 +57,9 @@ class CampaignConfig:
             raise UserError(f"campaign config: field 'split' must be train, eval or all, got {self.split!r}")
         for name in ("repeats", "workers", "chunk_size", "concurrency"):
             if getattr(self, name) < 1:
-                raise UserError(f"campaign config: field {name!r} must be >= 1")
+                raise UserError(f"campaign config: field {name!r} must be >= 1, got {getattr(self, name)!r}")
+        if self.limit is not None and self.limit < 1:
+            raise UserError(f"campaign config: field 'limit' must be >= 1 (or null: every task), got {self.limit!r}")
         from tbhpc.policy import check_policy_options
         check_policy_options(self.policy, self.policy_opts, "campaign config: policy_opts")
 

@@ -104,7 +104,17 @@ def ensure_warm_start(cfg: DemoConfig, console: Console) -> str:
     return str(warm)
 
 
+def check_train_section(cfg: DemoConfig) -> None:
+    """`train.*` checked as the trainer will check it, before the first stage (a typo found after
+    the probe would cost its minutes): names, types and ranges, with placeholder paths."""
+    from tbhpc.config import from_dict
+    from tbhpc.train.config import TrainConfig
+    doc = train_config(cfg, Path(cfg.out), cfg.warm_path)
+    from_dict(TrainConfig, doc, {k: f"demo config: train.{k}" for k in doc})
+
+
 def run_demo(cfg: DemoConfig, console: Console) -> int:
+    check_train_section(cfg)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     t0, times = time.perf_counter(), {}

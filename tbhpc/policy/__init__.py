@@ -38,7 +38,11 @@ def check_policy_options(name: str, options: dict[str, Any], where: str = "polic
     from tbhpc.config import checked_values
     if not isinstance(options, dict):
         raise UserError(f"{where}: expected a mapping of {name} policy options, got {type(options).__name__}")
-    return checked_values(policy_class(name), options, {k: f"{where} ({name} policy)" for k in options})
+    cls = policy_class(name)
+    values = checked_values(cls, options, {k: f"{where} ({name} policy)" for k in options})
+    if hasattr(cls, "check_ranges"):       # policies whose values have ranges say so without being built
+        cls.check_ranges(values)
+    return values
 
 
 def make_policy(name: str, **options: Any) -> Policy:

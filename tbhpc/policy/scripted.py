@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from tbhpc.errors import UserError
 from tbhpc.interpret import render_tool_call
 from tbhpc.policy.base import Completion
 from tbhpc.tasks.schema import GoldenCall, Task
@@ -30,6 +31,18 @@ class OraclePolicy:
     skill: float = 1.0        # < 1: a noisy oracle that skips each golden call (and the answer) with 1 - skill
     ask: bool = False         # first ask the user for the private facts its calls use (what a model must do)
     name: str = "oracle"
+
+    def __post_init__(self) -> None:
+        self.check_ranges(vars(self))
+
+    @staticmethod
+    def check_ranges(options: dict) -> None:
+        """Called on the options alone too (tbhpc.policy.check_policy_options), before any run exists."""
+        skill, delay = options.get("skill", 1.0), options.get("delay_s", 0.0)
+        if not 0.0 <= skill <= 1.0:      # NaN fails both
+            raise UserError(f"oracle policy: field 'skill' must be within [0, 1], got {skill!r}")
+        if not 0.0 <= delay < float("inf"):
+            raise UserError(f"oracle policy: field 'delay_s' must be a finite number >= 0, got {delay!r}")
 
     def session(self, task: Task, seed: int = 0) -> "_OracleSession":
         calls = list(self.calls(task) if self.calls else task.golden_calls)

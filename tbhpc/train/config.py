@@ -8,11 +8,16 @@ weight decay 0). The `slurm` and `serve` sections say how `tbhpc submit train` l
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from tbhpc.errors import UserError
 from tbhpc.launch.options import SlurmOptions
+
+
+def _finite(v: float) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 # How the step's token losses are averaged (grpo.policy_loss). token-mean: the recipe's, over all
 # loss tokens of the step. seq-mean-token-mean: the mean over episodes of each episode's token mean
@@ -107,8 +112,22 @@ class TrainConfig:
             raise UserError("train config: fields 'clip_low' (in [0,1)) and 'clip_high' (>= 0) are out of range")
         if self.dual_clip and self.dual_clip <= 1:
             raise UserError(f"train config: field 'dual_clip' must be > 1 or 0 (off), got {self.dual_clip!r}")
-        if len(self.betas) != 2:
-            raise UserError("train config: field 'betas' must be two numbers")
+        if len(self.betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in self.betas):
+            raise UserError(f"train config: field 'betas' must be two numbers in [0, 1), got {self.betas!r}")
+        for name, ok, want in (("lr", lambda v: v > 0, "> 0"), ("temperature", lambda v: v > 0, "> 0"),
+                               ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"), ("grad_clip", lambda v: v > 0, "> 0"),
+                               ("weight_decay", lambda v: v >= 0, ">= 0"), ("sync_timeout_s", lambda v: v > 0, "> 0")):
+            v = getattr(self, name)
+            if not (_finite(v) and ok(v)):
+                raise UserError(f"train config: field {name!r} must be a finite number {want}, got {v!r}")
+        if self.top_k < -1:
+            raise UserError(f"train config: field 'top_k' must be >= 1, or 0 / -1 (off), got {self.top_k!r}")
+        for name in ("max_draws", "max_reruns", "max_context", "export_every", "keep_checkpoints", "keep_published"):
+            if getattr(self, name) < 0:
+                raise UserError(f"train config: field {name!r} must be >= 0, got {getattr(self, name)!r}")
+        if 0 < self.max_draws < self.groups_per_step:
+            raise UserError(f"train config: field 'max_draws' ({self.max_draws}) must be >= groups_per_step "
+                            f"({self.groups_per_step}), or 0 (4 x groups_per_step)")
 
     @property
     def draw_cap(self) -> int:
