@@ -25,7 +25,7 @@ from helpers import cpu_class
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 WARM = REPO / "models" / "demo-pack-warm"
-SMALL = ["sample=11", "probe_repeats=4", "eval_repeats=3", "fresh_repeats=1", "workers=1", "concurrency=16",
+SMALL = ["sample=11", "probe_repeats=4", "eval_repeats=3", "fresh_repeats=1", "fresh_per_template=3", "workers=1", "concurrency=16",
          "sft_baseline=true",
          "train={steps: 2, groups_per_step: 2, max_draws: 8, torch_threads: 1, episodes_in_flight: 16}"]
 
@@ -62,7 +62,7 @@ def test_every_stage_runs_on_the_demo_pack(run):
     assert median and int(median.group(1)) <= 300, log[:2000]
     for f in ("probe/results.duckdb", "pool.yaml", "train/exports/step-000002/config.json", "eval-warm/results.duckdb",
               "eval-trained/results.duckdb", "fresh-warm/results.duckdb", "fresh-trained/results.duckdb",
-              "fresh-pack-s2027/eval_ids.txt", "sft-baseline/config.json", "eval-sft/results.duckdb", "report/README.md",
+              "fresh-pack-s2027-x3/eval_ids.txt", "sft-baseline/config.json", "eval-sft/results.duckdb", "report/README.md",
               "demo.json"):
         assert (out / f).exists(), f
 
@@ -75,15 +75,17 @@ def test_the_pool_is_train_only_and_the_fresh_instances_are_new(run):
     eval_ids = load_exclusions(REPO / "tbhpc/data/packs/demo/eval_ids.txt")
     pool = yaml.safe_load((out / "pool.yaml").read_text())["tasks"]
     assert pool and set(pool) <= train and not set(pool) & eval_ids
-    fresh = load_pack(out / "fresh-pack-s2027")
-    assert len(fresh) >= 100 and not {t.id for t in fresh} & {t.id for t in pack}
+    fresh = load_pack(out / "fresh-pack-s2027-x3")
+    assert len(fresh) == 33 and not {t.id for t in fresh} & {t.id for t in pack}
+    demo = yaml.safe_load((REPO / "jobs/demo-pack.yaml").read_text())
+    assert 11 * demo["fresh_per_template"] >= 100 and demo["fresh_repeats"] >= 10     # what `make demo` evaluates
     assert not _content(fresh) & _content(pack)
 
 
 def test_both_tables_are_what_the_duckdb_files_say(run):
     out, _ = run
     summary = json.loads((out / "demo.json").read_text())
-    for table, prefix, tasks in ((summary["table1"], "eval", 11), (summary["fresh"], "fresh", 110)):
+    for table, prefix, tasks in ((summary["table1"], "eval", 11), (summary["fresh"], "fresh", 33)):
         for side in ("warm", "trained"):
             con = duckdb.connect(str(out / f"{prefix}-{side}" / "results.duckdb"), read_only=True)
             n, c = con.execute("SELECT count(*), sum(reward) FROM attempts WHERE status = 'ok'").fetchone()
