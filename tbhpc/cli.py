@@ -3,12 +3,16 @@ beyond turning flags into objects and results into text or JSON."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from tbhpc.config import yaml_value
+from tbhpc.crash import EXIT_INTERNAL, crash_line
 from tbhpc.errors import TbhpcError, UserError
+from tbhpc import interrupts
+from tbhpc.interrupts import EXIT_INTERRUPTED
 
 
 def _opts(pairs: list[str]) -> dict[str, Any]:
@@ -92,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = list(args.overrides) + extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    interrupts.install()
     if args.cmd == "train":     # the trainer and its in-process generator thread: tbhpc/openmp.py
         from tbhpc.openmp import keep_workers_spinning
         keep_workers_spinning()
@@ -137,10 +142,21 @@ def main(argv: list[str] | None = None) -> int:
             return demo.run(args)
     except TbhpcError as exc:
         print(f"tbhpc: error: {exc}", file=sys.stderr)
-        return 2
+        return getattr(exc, "exit_code", 2)
     except BrokenPipeError:  # `tbhpc tasks list | head`
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:
+        print("\ntbhpc: interrupted (what finished is saved; re-run the same command to resume)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # a bug: one line here, the whole traceback in a file
+        if interrupts.pending():  # e.g. DuckDB turns an interrupt into its own InterruptException
+            print("\ntbhpc: interrupted (what finished is saved; re-run the same command to resume)", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if os.environ.get("TBHPC_TRACEBACK"):
+            raise
+        print(f"tbhpc: internal error (a bug in tbhpc, not in your input): {crash_line(exc)}", file=sys.stderr)
+        return EXIT_INTERNAL
     return 0
 
 

@@ -13,6 +13,8 @@ from typing import Callable, Protocol
 
 from tbhpc.campaign.worker import Key, Worker
 from tbhpc.errors import InfraError
+from tbhpc.interrupts import check as check_interrupt
+from tbhpc.interrupts import ignore_in_worker, second_interrupt_exits, stop_children, workers_born_ignoring_sigint
 
 OnChunk = Callable[[int, int], None]  # (ok, system_errors) of one finished chunk
 
@@ -37,21 +39,33 @@ class LocalExecutor:
         if self.workers == 1:
             worker = Worker(run_path)
             for chunk in chunks:
+                check_interrupt()
                 on_chunk(*worker.run_chunk(chunk))
             return
         ctx = mp.get_context("spawn")
-        with ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init, initargs=(str(run_path),)) as pool:
-            pending = {pool.submit(_run_chunk, c) for c in chunks}
-            try:
-                while pending:
-                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for fut in done:
-                        on_chunk(*fut.result())
-            except BrokenProcessPool as exc:
-                for fut in pending:
-                    fut.cancel()
-                raise InfraError("a local worker process died (killed or crashed); finished chunks are "
-                                 "saved, re-run the same command to complete the missing attempts") from exc
+        pool: ProcessPoolExecutor | None = None
+        try:
+            with workers_born_ignoring_sigint():  # an early Ctrl-C must not hit a worker still importing
+                pool = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_init, initargs=(str(run_path),))
+                pending = {pool.submit(_run_chunk, c) for c in chunks}
+            while pending:  # a timeout, so the main thread sees a Ctrl-C even while no chunk ends
+                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                check_interrupt()
+                for fut in done:
+                    on_chunk(*fut.result())
+        except BrokenProcessPool as exc:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise InfraError("a local worker process died (killed or crashed); finished chunks are "
+                             "saved, re-run the same command to complete the missing attempts") from exc
+        except BaseException:  # Ctrl-C (or a bug in on_chunk): stop the workers, never wait on them
+            with second_interrupt_exits():
+                if pool is not None:
+                    pool.shutdown(wait=False, cancel_futures=True)
+                stop_children()
+                if pool is not None:
+                    pool.shutdown(wait=True)  # the workers are gone: this only joins the pool's own thread
+            raise
+        pool.shutdown(wait=True)
 
 
 _WORKER: Worker | None = None
@@ -59,6 +73,7 @@ _WORKER: Worker | None = None
 
 def _init(run_path: str) -> None:
     global _WORKER
+    ignore_in_worker()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     _WORKER = Worker(run_path)
 

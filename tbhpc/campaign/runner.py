@@ -21,6 +21,8 @@ from tbhpc.campaign.executors import Executor, LocalExecutor
 from tbhpc.config import resolved
 from tbhpc.env.registry import preflight
 from tbhpc.errors import UserError
+from tbhpc.interrupts import Interrupted, second_interrupt_exits
+from tbhpc.interrupts import check as check_interrupt
 from tbhpc.store.merge import MergeReport, connect, merge
 from tbhpc.store.run_dir import RunDir
 
@@ -98,6 +100,7 @@ def run_campaign(cfg: CampaignConfig, out: Path, executor: Executor | None = Non
     for line in report.lines():
         console.print(f"[red]warning[/]: {line}")
     keys, planned = pending_keys(run, rows)
+    check_interrupt()  # one a DuckDB call swallowed
     chunks = [keys[i:i + cfg.chunk_size] for i in range(0, len(keys), cfg.chunk_size)]
     counts = {"ok": 0, "err": 0}
     console.print(f"campaign [bold]{cfg.name}[/] ({cfg.kind}, policy {cfg.resolved_policy_id}): {planned} attempts planned, "
@@ -105,6 +108,7 @@ def run_campaign(cfg: CampaignConfig, out: Path, executor: Executor | None = Non
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TaskProgressColumn(),
                TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TimeRemainingColumn())
     failure: Exception | None = None
+    interrupted = False
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task(cfg.kind, total=len(keys), rate="")
 
@@ -118,18 +122,24 @@ def run_campaign(cfg: CampaignConfig, out: Path, executor: Executor | None = Non
             executor.run(run.path, chunks, on_chunk)
         except Exception as exc:  # keep what finished: merge before reporting
             failure = exc
-    final = merge(run)
-    for line in final.lines():
-        console.print(f"[red]warning[/]: {line}")
-    for what, n, tasks in degraded(run):
-        console.print(f"[yellow]note[/]: {n} attempt(s) of {tasks} task(s) ran with env_degraded = {what!r}")
-    remaining, _ = pending_keys(run, rows)
-    result = CampaignResult(planned, planned - len(keys), counts["ok"] + counts["err"], counts["ok"], counts["err"],
-                            len(remaining), final)
-    _log(run, f"{executor.name} x{cfg.workers}: planned {planned}, already done {result.already_done}, executed "
-              f"{result.executed} ({result.ok} ok, {result.system_errors} system errors), still to run {result.missing}, "
-              f"quarantined shards {len(report.quarantined) + len(final.quarantined)}"
-              + (f", stopped by: {failure}" if failure else ""))
+        except KeyboardInterrupt:  # the executor has stopped its workers
+            interrupted = True
+    with second_interrupt_exits():  # cleanup: a second Ctrl-C exits at once
+        final = merge(run)
+        for line in final.lines():
+            console.print(f"[red]warning[/]: {line}")
+        for what, n, tasks in degraded(run):
+            console.print(f"[yellow]note[/]: {n} attempt(s) of {tasks} task(s) ran with env_degraded = {what!r}")
+        remaining, _ = pending_keys(run, rows)
+        result = CampaignResult(planned, planned - len(keys), counts["ok"] + counts["err"], counts["ok"], counts["err"],
+                                len(remaining), final)
+        if interrupted:
+            failure = Interrupted(f"{run.path}: interrupted; {planned - len(remaining)} of {planned} attempts are saved, "
+                                  f"re-run the same command to run the other {len(remaining)}")
+        _log(run, f"{executor.name} x{cfg.workers}: planned {planned}, already done {result.already_done}, executed "
+                  f"{result.executed} ({result.ok} ok, {result.system_errors} system errors), still to run {result.missing}, "
+                  f"quarantined shards {len(report.quarantined) + len(final.quarantined)}"
+                  + (f", stopped by: {failure}" if failure else ""))
     if failure is not None:
         raise failure
     return result

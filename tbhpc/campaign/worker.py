@@ -56,8 +56,11 @@ class Worker:
         """Run the attempts, write one shard; returns (ok, system_errors)."""
         if self.cfg.concurrency > 1 and len(keys) > 1:
             from concurrent.futures import ThreadPoolExecutor
-            with ThreadPoolExecutor(min(self.cfg.concurrency, len(keys)), thread_name_prefix="episode") as pool:
+            pool = ThreadPoolExecutor(min(self.cfg.concurrency, len(keys)), thread_name_prefix="episode")
+            try:
                 rows = list(pool.map(lambda k: self.attempt(*k), keys))
+            finally:  # on Ctrl-C drop the queued attempts: only the running ones finish
+                pool.shutdown(wait=False, cancel_futures=True)
         else:
             rows = [self.attempt(task_id, index) for task_id, index in keys]
         write_shard(self.run.shards, rows)

@@ -1,0 +1,105 @@
+"""Ctrl-C on a campaign (issue 26): the first SIGINT stops the workers and the command exits
+within seconds with one line and no process left behind; a re-run completes every key once.
+Real processes and signals: the eval runs in its own session so every descendant is findable."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+pytestmark = pytest.mark.xdist_group("interrupt")
+REPEATS = 60  # 18,000 attempts: ten short tries cannot finish them, so every try must be interrupted
+
+
+def _session_members(sid: int) -> list[int]:
+    """PIDs of the live processes of session `sid` (the eval, its workers, the resource tracker)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp session ...
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(entry.name))
+    return out
+
+
+def _eval(out: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "tbhpc.cli", "eval", "--out", str(out), "--workers", "2",
+           "split=all", "limit=300", f"repeats={REPEATS}", "chunk_size=16"]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_sigint_at_ten_random_points_exits_cleanly_and_resumes_exactly(tmp_path):
+    out = tmp_path / "run"
+    rng = random.Random(26)
+    for attempt in range(10):
+        delay = rng.uniform(0.3, 2.5)
+        to_group = attempt % 2 == 1     # a terminal's Ctrl-C goes to the whole process group
+        proc = _eval(out)
+        time.sleep(delay)
+        (os.killpg if to_group else os.kill)(proc.pid, signal.SIGINT)
+        sent = time.monotonic()
+        if attempt == 9:                # a second Ctrl-C while it cleans up: exit at once
+            time.sleep(0.2)
+            try:
+                os.killpg(proc.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+        try:
+            stdout, stderr = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"try {attempt} (SIGINT after {delay:.2f} s): still running 10 s after the interrupt")
+        took = time.monotonic() - sent
+        deadline = time.monotonic() + 3
+        while (left := _session_members(proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not left, f"try {attempt}: processes survived the interrupt: {left}"
+        lines = [ln for ln in stderr.replace("\r", "\n").splitlines() if ln.strip()]
+        assert "Traceback" not in stderr, f"try {attempt}: {stderr[-2000:]}"
+        # the second Ctrl-C may land after the cleanup, as the interpreter exits: killed by SIGINT
+        allowed = (130, -signal.SIGINT) if attempt == 9 else (130,)
+        assert proc.returncode in allowed, f"try {attempt}: rc {proc.returncode}: {stderr[-2000:]}"
+        assert "interrupted" in lines[-1] and lines[-1].startswith("tbhpc: "), lines[-3:]
+        print(f"try {attempt}: SIGINT to {'group' if to_group else 'process'} after {delay:.2f} s, "
+              f"exited {took:.2f} s later: {lines[-1][:120]}")
+    proc = _eval(out)
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-2000:]
+    con = duckdb.connect(str(out / "results.duckdb"), read_only=True)
+    try:
+        n, keys, ok = con.execute("SELECT count(*), count(DISTINCT (task_id, attempt_index)), "
+                                  "count(*) FILTER (status = 'ok') FROM attempts").fetchone()
+    finally:
+        con.close()
+    assert n == keys == ok == 300 * REPEATS
+    log = (out / "logs" / "campaign.log").read_text()
+    assert "interrupted" in log
+
+
+def test_an_unexpected_exception_is_one_line_and_a_traceback_file(tmp_path, monkeypatch, capsys):
+    from tbhpc import cli, cli_tasks
+
+    def broken(args):
+        raise ZeroDivisionError("division by zero in a bug")
+
+    monkeypatch.setattr(cli_tasks, "run", broken)
+    monkeypatch.setenv("TBHPC_CRASH_DIR", str(tmp_path))
+    monkeypatch.delenv("TBHPC_TRACEBACK", raising=False)
+    assert cli.main(["tasks", "list"]) == 70
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "ZeroDivisionError: division by zero in a bug" in err, err
+    (written,) = tmp_path.glob("tbhpc-crash-*.txt")
+    assert str(written) in err
+    text = written.read_text()
+    assert "Traceback" in text and "def broken" not in text and "in broken" in text
