@@ -13,6 +13,7 @@ from tbhpc.crash import EXIT_INTERNAL, crash_line
 from tbhpc.errors import TbhpcError, UserError
 from tbhpc import interrupts
 from tbhpc.interrupts import EXIT_INTERRUPTED
+from tbhpc.outpaths import out_arg
 
 
 def _opts(pairs: list[str]) -> dict[str, Any]:
@@ -25,8 +26,15 @@ def _opts(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line like every other tbhpc error (no usage block)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="tbhpc", description=__doc__)
+    ap = Parser(prog="tbhpc", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     tasks = sub.add_parser("tasks", help="list, show, validate or generate task packs")
@@ -43,12 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--domain")
             p.add_argument("--split", choices=("train", "eval"))
     x = tsub.add_parser("export-tb", help="write built-in tasks as a ThinkingBox data dir served by `tbhpc mcp-serve`")
-    x.add_argument("--out", type=Path, required=True)
+    x.add_argument("--out", type=out_arg, required=True)
+    x.add_argument("--force", action="store_true", help="write into a non-empty folder that is not a previous export")
     x.add_argument("pack", nargs="?", default=None, help="pack file or directory (default: bundled pack)")
     x.add_argument("--domain", action="append", default=[], help="only these domains (repeatable)")
     x.add_argument("--split", choices=("train", "eval", "all"), default="all")
     g = tsub.add_parser("generate", help="regenerate a bundled pack from its templates (or fresh instances: --seed)")
-    g.add_argument("--out", type=Path, required=True)
+    g.add_argument("--out", type=out_arg, required=True)
+    g.add_argument("--force", action="store_true", help="write into a non-empty folder that is not a pack")
     g.add_argument("--pack", choices=("full", "demo"), default="full",
                    help="full: the pack for real models (default); demo: the compact pack sized for the demo model")
     g.add_argument("--seed", type=int, default=None, help="another seed writes fresh instances of the same templates")

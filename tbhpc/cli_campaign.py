@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tbhpc.outpaths import out_arg
 from tbhpc.store.run_dir import RunDir
 
 # Building the parser imports nothing heavy: every `tbhpc` command builds all of them, so each
@@ -17,7 +18,7 @@ KIND_DEFAULTS = {
 def add_parsers(sub) -> None:
     for kind in ("probe", "eval"):
         p = sub.add_parser(kind, help=f"run (or resume) a {kind} campaign into a run directory")
-        p.add_argument("--out", type=Path, required=True, help="run directory (created, or resumed if it exists)")
+        p.add_argument("--out", type=out_arg, required=True, help="run directory (created, or resumed if it exists)")
         p.add_argument("--config", type=Path, help=f"YAML campaign config (see jobs/{kind}.yaml)")
         p.add_argument("--executor", default="local")
         p.add_argument("--workers", type=int, help="local worker processes (overrides workers=)")
@@ -25,7 +26,7 @@ def add_parsers(sub) -> None:
     sb = sub.add_parser("submit", help="submit to Slurm: a campaign (array -> merge -> agg/select) or a training run "
                                        "(serving job + trainer job); fire and forget")
     sb.add_argument("kind", choices=("probe", "eval", "train"))
-    sb.add_argument("--out", type=Path, required=True)
+    sb.add_argument("--out", type=out_arg, required=True)
     sb.add_argument("--config", type=Path)
     sb.add_argument("--dry-run", action="store_true", help="print the sbatch scripts, submit nothing")
     sb.add_argument("--wait", action="store_true", help="train: follow the run until the trainer job ends")
@@ -58,6 +59,8 @@ def run(args) -> int:
     if args.cmd == "submit" and args.kind == "train":
         from tbhpc.cli_train import load
         from tbhpc.launch.train import submit_train
+        from tbhpc.outpaths import check_run_folder
+        check_run_folder(args.out, "train")
         print(submit_train(load(args), args.out, args.dry_run, wait=args.wait), end="" if args.dry_run else "\n")
         return 0
     if args.cmd == "submit":

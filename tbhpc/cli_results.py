@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tbhpc.errors import UserError
+from tbhpc.outpaths import check_output_file, check_output_folder, out_arg
 from tbhpc.selection.bands import DEFAULT_KEEP
 from tbhpc.store.run_dir import RunDir
 
@@ -36,25 +37,28 @@ def add_parsers(sub) -> None:
 
     x = sub.add_parser("export", help="a run's tables as Parquet files (pandas, polars, Spark)")
     x.add_argument("run", type=Path)
-    x.add_argument("--parquet", type=Path, required=True, metavar="DIR")
+    x.add_argument("--parquet", type=out_arg, required=True, metavar="DIR")
+    x.add_argument("--force", action="store_true", help="write into a non-empty folder that is not a previous export")
 
     i = sub.add_parser("import-tb", help="import ThinkingBox `tb infer` JSONL results into a run directory")
     i.add_argument("files", type=Path, nargs="+")
-    i.add_argument("--out", type=Path, required=True)
+    i.add_argument("--out", type=out_arg, required=True)
     i.add_argument("--campaign", help="campaign name (default: the first file's stem)")
     i.add_argument("--policy-id", default="thinkingbox")
 
     r = sub.add_parser("report", help="Markdown + HTML report with plots")
     r.add_argument("run", type=Path)
     r.add_argument("--vs", type=Path)
-    r.add_argument("--out", type=Path, help="output folder (default: RUN/report)")
+    r.add_argument("--out", type=out_arg, help="output folder (default: RUN/report)")
+    r.add_argument("--force", action="store_true", help="write into a non-empty folder that is not a previous report")
     r.add_argument("--prices", type=Path)
     r.add_argument("--bootstrap", type=int, default=1000)
     r.add_argument("--allow-incomplete", action="store_true")
 
     s = sub.add_parser("select", help="Jeffreys difficulty bands -> training pool (YAML) + manifest + DuckDB table")
     s.add_argument("run", type=Path, help="probe run directory")
-    s.add_argument("--out", type=Path, required=True, help="pool file to write (YAML)")
+    s.add_argument("--out", type=out_arg, required=True, help="pool file to write (YAML)")
+    s.add_argument("--force", action="store_true", help="replace a file that is not a pool written by select")
     s.add_argument("--keep", default=",".join(DEFAULT_KEEP), help="bands to keep (comma-separated)")
     s.add_argument("--min-clean-runs", type=int, default=3)
     s.add_argument("--exclude", type=Path, action="append", default=[],
@@ -105,6 +109,7 @@ def run(args) -> int:
     if args.cmd == "report":
         from tbhpc.metrics.agg import load_prices
         from tbhpc.report.build import build_report
+        check_output_folder(args.out or args.run / "report", "report", force=args.force)
         if RunDir(args.run).campaign().get("kind") == "train":
             from tbhpc.report.train import build_train_report
             md, page = build_train_report(args.run, args.out or args.run / "report")
@@ -126,6 +131,7 @@ def run(args) -> int:
         run = RunDir(args.run).require()
         if not run.db.exists():
             raise UserError(f"{args.run}: no results.duckdb yet (run `tbhpc merge {args.run}`)")
+        check_output_folder(args.parquet, "parquet", "--parquet", force=args.force)
         files = export_parquet(run.db, args.parquet)
         print(f"wrote {len(files)} Parquet files to {args.parquet}: {', '.join(p.stem for p in files)}")
         return 0
@@ -208,6 +214,9 @@ def _select(args) -> int:
                        exclude=excludes, reference=str(args.reference) if args.reference else None,
                        reference_min_successes=args.reference_min_successes,
                        reference_min_clean_runs=args.reference_min_clean_runs)
+    from tbhpc.selection.pool import is_pool_file
+    check_output_file(args.out, is_pool_file, force=args.force)
+    check_output_file(args.out.with_suffix(".manifest.json"), lambda p: is_pool_file(args.out), force=args.force)
     sel = run_select(args.run, args.out, cfg)
     print("bands: " + ", ".join(f"{b} {n}" for b, n in sel.band_counts.items()))
     print(f"excluded by id before selection: {sel.excluded} (lists: {', '.join(excludes) or 'none'})")

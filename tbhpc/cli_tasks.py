@@ -9,11 +9,13 @@ from rich.console import Console
 from rich.table import Table
 
 from tbhpc.errors import PackError
+from tbhpc.outpaths import check_output_folder
 from tbhpc.tasks.loader import load_pack, pack_files, resolve_pack
 
 
 def run(args) -> int:
     if args.tasks_cmd == "generate":
+        check_output_folder(args.out, "pack", force=args.force)
         if args.pack == "demo":
             from tbhpc.domains.demo.pack import DEMO_SEED, write_demo_pack
             counts = write_demo_pack(args.out, args.seed if args.seed is not None else DEMO_SEED)
@@ -24,6 +26,7 @@ def run(args) -> int:
         return 0
     if args.tasks_cmd == "export-tb":
         from tbhpc.tb.export import write_dataset
+        check_output_folder(args.out, "tb-data", force=args.force)
         tasks = [t for t in load_pack(resolve_pack(args.pack))
                  if (not args.domain or t.domain in args.domain) and args.split in ("all", t.split)]
         if not tasks:

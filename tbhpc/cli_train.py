@@ -7,16 +7,18 @@ from pathlib import Path
 
 from tbhpc.config import load_config
 from tbhpc.errors import UserError
+from tbhpc.outpaths import out_arg
 
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("train", help="GRPO on the run's pool: rollouts, DeepSpeed update, publish, repeat")
-    p.add_argument("run", type=Path, help="run directory (shared by the trainer ranks and the serving job)")
+    p.add_argument("run", type=out_arg, help="run directory (shared by the trainer ranks and the serving job)")
     p.add_argument("--config", type=Path, help="YAML train config (see jobs/train.yaml)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     add_noise_parser(sub)
     w = sub.add_parser("warmstart", help="build a small model and fine-tune it on oracle episodes (a GRPO start point)")
-    w.add_argument("--out", type=Path, required=True, help="where the warm-started HF model goes")
+    w.add_argument("--out", type=out_arg, required=True, help="where the warm-started HF model goes")
+    w.add_argument("--force", action="store_true", help="write into a non-empty folder that does not hold a model")
     w.add_argument("--tasks", type=Path, help="task ids to learn from (a pool file or id list)")
     w.add_argument("--split", choices=("train", "eval", "all"), help="learn from a whole split instead (the demo: train)")
     w.add_argument("--size", default="tiny", choices=("tiny", "demo", "demo-pack", "smollm2"),
@@ -119,6 +121,8 @@ def run_warmstart(args) -> int:
             setattr(args, key, value)
     if bool(args.tasks) == bool(args.split):
         raise UserError("warmstart: give exactly one of --tasks FILE and --split NAME")
+    from tbhpc.outpaths import check_output_folder
+    check_output_folder(args.out, "model", force=args.force)
     tasks = select_tasks(CampaignConfig(pack=args.pack, tasks=str(args.tasks) if args.tasks else None,
                                         split=args.split or "all"))
     if args.augment:
@@ -171,6 +175,8 @@ def run(args) -> int:
     from tbhpc.train.loop import Preempted, Trainer, requeue_or_exit
 
     cfg = load(args)
+    from tbhpc.outpaths import check_run_folder
+    check_run_folder(args.run, "train", flag="train")   # before the model loads
     trainer = Trainer(cfg, args.run, log=lambda m: print(m, flush=True))
     try:
         last = trainer.fit()

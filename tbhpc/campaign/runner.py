@@ -21,6 +21,7 @@ from tbhpc.campaign.executors import Executor, LocalExecutor
 from tbhpc.config import resolved
 from tbhpc.env.registry import preflight
 from tbhpc.errors import UserError
+from tbhpc.outpaths import check_run_folder
 from tbhpc.interrupts import Interrupted, second_interrupt_exits
 from tbhpc.interrupts import check as check_interrupt
 from tbhpc.store.merge import MergeReport, connect, merge
@@ -40,6 +41,7 @@ class CampaignResult:
 
 def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict]]:
     """Create the run directory, or check that an existing one holds the same campaign."""
+    check_run_folder(Path(out), cfg.kind)
     tasks = select_tasks(cfg)
     preflight(tasks, cfg.servers)
     digest = pack_hash(pack_path(cfg))

@@ -10,6 +10,10 @@ from tbhpc.demo.config import DemoConfig
 
 def run(args) -> int:
     cfg = load_config(DemoConfig, args.config, args.overrides)
+    from pathlib import Path
+
+    from tbhpc.outpaths import check_output_folder
+    check_output_folder(Path(cfg.out), "demo", flag="demo config field 'out':")
     console = Console()
     if cfg.quick:
         from tbhpc.demo.quick import run_quick

@@ -55,6 +55,8 @@ class DemoConfig:
                      "fresh_per_template"):
             if getattr(self, name) < 1:
                 raise UserError(f"demo config: field {name!r} must be >= 1")
+        if not str(self.out).strip():
+            raise UserError("demo config: field 'out' is empty (it would mean the current directory); name a folder")
         if not 0.0 < self.temperature <= 2.0:
             raise UserError(f"demo config: field 'temperature' must be within (0, 2], got {self.temperature}")
 

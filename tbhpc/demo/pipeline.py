@@ -92,6 +92,10 @@ def ensure_warm_start(cfg: DemoConfig, console: Console) -> str:
     if (warm / "config.json").exists():
         console.print(f"   warm start: {warm} (cached)")
         return str(warm)
+    if cfg.warm_start:  # a path the user named is used, never built (a typo must not cost a 20-minute build)
+        what = "holds no model (no config.json)" if warm.exists() else "does not exist"
+        raise UserError(f"demo config: field 'warm_start': {warm} {what}; build one with `tbhpc warmstart "
+                        f"--out {warm} ...`, or leave warm_start empty for the default")
     if cfg.pack not in (None, "full", "demo"):
         raise UserError(f"demo: no warm start at {warm}; the demo recipes learn a bundled pack "
                         f"(for {cfg.pack}: tbhpc warmstart --size demo-pack --pack {cfg.pack} --split train --select ..., "

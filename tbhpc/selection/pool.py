@@ -77,6 +77,15 @@ def select(counts: Counts, cfg: SelectConfig, excluded_ids: set[str], reference:
     return Selection(pool, rows, counts_by_band, int((~keep_mask).sum()))
 
 
+def is_pool_file(path: Path) -> bool:
+    """A pool `run_select` wrote (so re-running select may replace it): its four keys, nothing else."""
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(doc, dict) and set(doc) == {"pool", "source", "tasks", "details"}
+
+
 def run_select(probe: Path, out: Path, cfg: SelectConfig) -> Selection:
     run = RunDir(probe).require()
     counts = load_counts(run)

@@ -182,6 +182,8 @@ def first_bad_line(files: list[Path]) -> str:
 
 def import_files(files: list[Path], out: Path, campaign: str | None = None, policy_id: str = "thinkingbox") -> tuple[RunDir, MergeReport]:
     run = RunDir(out)
+    if Path(out).exists() and not Path(out).is_dir():
+        raise UserError(f"--out {out}: is a file, not a folder")
     if run.exists() or Path(out).exists() and any(Path(out).iterdir()):
         raise UserError(f"{out}: already exists; import into a new --out")
     for f in files:

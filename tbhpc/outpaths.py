@@ -1,0 +1,103 @@
+"""Where a command may write: checked before anything is written, never a user's file lost.
+
+Why: an empty `--out ''` used to mean "the current directory", a pool file could replace any file
+(a pack file became an empty pool), reports and exports mixed their files into any folder, and an
+`--out` that was a file ended in a traceback. Each kind of output names the entries it owns; a
+folder is fit when it does not exist, is empty, or holds only such entries (the previous output
+of the same command, which is rewritten). Anything else is refused in one line naming the path
+and what is in the way, unless the command was given `--force`.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+from pathlib import Path
+
+from tbhpc.errors import UserError
+
+# What each command writes into its folder (glob patterns of top-level names).
+OWNED: dict[str, tuple[str, ...]] = {
+    "report": ("report.md", "report.html", "*.png", "failures.html", "tasks"),
+    "parquet": ("*.parquet",),
+    "tb-data": ("dataset", "servers.yaml", "testlist.yaml", "tests"),
+    "pack": ("*.yaml", "eval_ids.txt"),
+    "model": ("config.json", "generation_config.json", "*.safetensors", "*.bin", "tokenizer*", "vocab.json",
+              "merges.txt", "special_tokens_map.json", "chat_template.jinja", "added_tokens.json", "*.txt", "*.json",
+              "logs"),
+    "demo": ("demo.json", "pool.yaml", "pool.manifest.json", "train.yaml", "report", "probe-report", "probe", "train",
+             "eval-*", "fresh-*", "sft-baseline", "sample-*.txt"),
+    # a run directory (tbhpc.store.run_dir) and what `tbhpc submit` writes into it before the first merge
+    "run": ("config.yaml", "config.hash", "campaign.json", "plan.jsonl", "tasks.json", "shards", "blobs", "logs",
+            "results.duckdb", "results.duckdb.wal", ".merge.lock", "slurm", ".tmp-*", "report", "buffers",
+            "checkpoints", "ds_checkpoints", "exports", "evals", "tensorboard", "serve.yaml", "train.yaml",
+            "vllm-server.log"),
+}
+
+
+def out_arg(text: str) -> Path:
+    """argparse `type=` for output paths: an empty or blank value is an error (Path('') is '.')."""
+    import argparse
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (it would mean the current directory); name a folder")
+    return Path(text)
+
+
+def _foreign(folder: Path, kind: str) -> list[str]:
+    pats = OWNED[kind]
+    return sorted(e.name for e in folder.iterdir() if not any(fnmatch.fnmatch(e.name, p) for p in pats))
+
+
+def _not_a_folder(path: Path, flag: str) -> None:
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {path}: is a file, not a folder")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise UserError(f"{flag} {path}: {parent} is a file, not a folder")
+
+
+def check_output_folder(path: Path, kind: str, flag: str = "--out", force: bool = False) -> Path:
+    """A folder for an output of `kind` (a key of OWNED): missing, empty, or a previous one."""
+    _not_a_folder(path, flag)
+    if path.is_dir() and not force and (foreign := _foreign(path, kind)):
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UserError(f"{flag} {path}: not empty and not a previous {kind} output (it holds {shown}); "
+                        f"choose a new folder, or add --force to write into it anyway")
+    return path
+
+
+def check_run_folder(path: Path, kind: str | None = None, flag: str = "--out") -> Path:
+    """A run directory to create or resume: missing, empty, a run (of `kind`, when given), or a
+    folder holding only what `tbhpc submit` writes before the run's first files."""
+    _not_a_folder(path, flag)
+    if not path.is_dir():
+        return path
+    meta = path / "campaign.json"
+    if meta.is_file():
+        try:
+            have = json.loads(meta.read_text(encoding="utf-8")).get("kind")
+        except (OSError, ValueError, AttributeError):
+            raise UserError(f"{flag} {path}: campaign.json is not readable JSON: not a run tbhpc can resume") from None
+        if kind is not None and have is not None and have != kind and not {have, kind} <= CAMPAIGN_KINDS:
+            raise UserError(f"{flag} {path}: holds a run of kind {have!r}, not {kind!r}; use a new folder")
+        return path
+    if foreign := _foreign(path, "run"):
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UserError(f"{flag} {path}: not empty and not a run directory (it holds {shown}); use a new or empty folder")
+    return path
+
+
+# probe and eval runs are both campaigns: which one a folder holds is the identity check's to say
+CAMPAIGN_KINDS = {"probe", "eval"}
+
+
+def check_output_file(path: Path, is_ours, flag: str = "--out", force: bool = False) -> Path:
+    """A file to (re)write: missing, or one `is_ours(path)` recognises as this command's output."""
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: is a folder, not a file")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise UserError(f"{flag} {path}: {parent} is a file, not a folder")
+    if path.exists() and not force and not is_ours(path):
+        raise UserError(f"{flag} {path}: exists and was not written by this command; choose another name, "
+                        f"or add --force to replace it")
+    return path
