@@ -163,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         if interrupts.pending():  # e.g. DuckDB turns an interrupt into its own InterruptException
             print("\ntbhpc: interrupted (what finished is saved; re-run the same command to resume)", file=sys.stderr)
             return EXIT_INTERRUPTED
+        from tbhpc.store.health import damage_error, is_damage
+        if is_damage(exc):       # DuckDB found a damaged block in the middle of a command
+            print(f"tbhpc: error: {damage_error(exc)}", file=sys.stderr)
+            return 2
         if os.environ.get("TBHPC_TRACEBACK"):
             raise
         print(f"tbhpc: internal error (a bug in tbhpc, not in your input): {crash_line(exc)}", file=sys.stderr)

@@ -35,6 +35,7 @@ def add_parsers(sub) -> None:
     stt.add_argument("run", type=Path)
     m = sub.add_parser("merge", help="merge a run's shards into results.duckdb")
     m.add_argument("run", type=Path)
+    m.add_argument("--rebuild", action="store_true", help="set a damaged results.duckdb aside and merge every shard again")
     v = sub.add_parser("validate", help="check a run holds exactly tasks x repeats keys and no system errors")
     v.add_argument("run", type=Path)
     v.add_argument("--tasks", type=Path, help="expected task ids (YAML list, pool file, or one per line)")
@@ -73,9 +74,29 @@ def run(args) -> int:
         from tbhpc.launch.status import render_status, run_status
         print(render_status(run_status(run_dir)), end="")
         return 0
+    if args.cmd == "merge" and args.rebuild:
+        from tbhpc.store.health import rebuild
+        aside, rep = rebuild(run_dir)
+        steps = ""
+        if run_dir.campaign().get("kind") == "train":
+            from tbhpc.train.record import restore_steps
+            steps = f", {restore_steps(run_dir)} training step(s) from logs/train_steps.jsonl"
+        for line in rep.lines():
+            console.print(f"[red]error[/]: {line}")
+        print(f"{args.run}: rebuilt from {rep.new_shards} shard(s): {rep.rows} attempt row(s){steps}"
+              + (f"; the old file is {aside.name}" if aside else ""))
+        print("  (pools written by `tbhpc select` keep their files; re-run select to store them in the run again)"
+              if aside else "", end="\n" if aside else "")
+        return 1 if rep.quarantined else 0
     if args.cmd == "merge":
-        from tbhpc.store.merge import merge
+        from tbhpc.store.health import check_every_block
+        from tbhpc.store.merge import connect, merge
         rep = merge(run_dir)
+        con = connect(run_dir, read_only=True)
+        try:
+            check_every_block(con, run_dir.db)   # damage the merge's own reads did not touch
+        finally:
+            con.close()
         for line in rep.lines():
             console.print(f"[red]error[/]: {line}")
         print(f"{args.run}: merged {rep.new_shards} new shard(s), {rep.rows} attempt row(s)")

@@ -28,7 +28,8 @@ OWNED: dict[str, tuple[str, ...]] = {
              "eval-*", "fresh-*", "sft-baseline", "sample-*.txt"),
     # a run directory (tbhpc.store.run_dir) and what `tbhpc submit` writes into it before the first merge
     "run": ("config.yaml", "config.hash", "campaign.json", "plan.jsonl", "tasks.json", "shards", "blobs", "logs",
-            "results.duckdb", "results.duckdb.wal", ".merge.lock", "slurm", ".tmp-*", "report", "buffers",
+            "results.duckdb", "results.duckdb.wal", "results.duckdb.damaged-*", "results.duckdb.tmp", ".merge.lock",
+            "slurm", ".tmp-*", "report", "buffers",
             "checkpoints", "ds_checkpoints", "exports", "evals", "tensorboard", "serve.yaml", "train.yaml",
             "vllm-server.log"),
 }

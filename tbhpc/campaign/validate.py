@@ -1,4 +1,5 @@
-"""Is a campaign complete? Exactly tasks x repeats keys, no duplicates, no system errors left.
+"""Is a campaign complete? Exactly tasks x repeats keys, no duplicates, no system errors left,
+and a results file whose every block reads back (its checksums are verified as DuckDB reads it).
 
 By default a run is checked against its own plan; `--tasks` / `--repeats` check it against an
 external list instead (as the reference evaluation does against its release test list).
@@ -10,6 +11,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
+from tbhpc.store.health import check_every_block
 from tbhpc.store.merge import connect
 from tbhpc.store.run_dir import RunDir
 
@@ -55,6 +57,7 @@ def validate(run: RunDir, task_ids: list[str] | None = None, repeats: int | None
     con = connect(run, read_only=True)
     external = None
     try:
+        check_every_block(con, run.db)   # damage anywhere in the file, not only where these queries read
         if own_plan:  # the plan table holds what the run planned (loaded by merge)
             source = "(SELECT task_id, repeats FROM plan WHERE campaign = $c AND policy_id = $p)"
         else:  # an external list goes through a file: big Python list parameters are slow in DuckDB

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+from tbhpc.store.health import open_results
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;max-width:110em}table{border-collapse:collapse}
 td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}th{cursor:pointer;background:#f3f3f3}
@@ -38,7 +39,7 @@ def page_name(task_id: str) -> str:
 def load_attempts(db: Path, with_transcripts: bool = True) -> dict[str, list[dict]]:
     """task_id -> attempt rows (ordered by index), transcripts expanded."""
     from tbhpc.store.transcripts import expand
-    con = duckdb.connect(str(db), read_only=True)
+    con = open_results(db, read_only=True)
     try:
         cols = ("task_id, domain, attempt_index, status, reward, passed, finish_reason, error, error_kind, diff, "
                 "final_hash, golden_hash" + (", transcript" if with_transcripts else ""))

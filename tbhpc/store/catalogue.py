@@ -30,6 +30,7 @@ from pathlib import Path
 import duckdb
 
 from tbhpc.errors import UserError
+from tbhpc.store.health import damaged, find_damaged, is_busy, is_damage, open_results
 from tbhpc.store.schema import task_stats_sql
 
 QUERY_KINDS = ("SELECT", "EXPLAIN")
@@ -115,16 +116,22 @@ class Catalogue:
         self.con.execute("SET lock_configuration = true")
 
     def _attach(self, db: Path, alias: str) -> bool:
+        """Attach one run's file; a busy one (a merge holds its lock) is waited for up to `wait_s`,
+        a damaged one is left out at once, saying how to rebuild it."""
         deadline = time.monotonic() + self.wait_s
         while True:
             try:
                 self.con.execute(f"ATTACH '{_esc(str(db))}' AS {alias} (READ_ONLY)")
                 return True
-            except duckdb.IOException as exc:
-                if "lock" not in str(exc).lower() or time.monotonic() > deadline:
-                    self.skipped.append(f"{self.name(db)}: {' '.join(str(exc).split())[:160]}")
-                    return False
-                time.sleep(0.2)
+            except duckdb.Error as exc:
+                if is_busy(exc) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                why = (str(damaged(db, exc)) if is_damage(exc) else
+                       f"{self.name(db)}: being written (its merge held the lock for {self.wait_s:g} s)" if is_busy(exc) else
+                       f"{self.name(db)}: {' '.join(str(exc).split())[:160]}")
+                self.skipped.append(why)
+                return False
 
     def name(self, db: Path) -> str:
         rel = db.parent.relative_to(self.root)
@@ -161,6 +168,8 @@ class Catalogue:
         try:
             return self.con.execute(query)
         except duckdb.Error as exc:
+            if is_damage(exc):
+                raise find_damaged(list(self.attached), exc) from None
             raise UserError(f"sql: {' '.join(str(exc).split())[:400]}") from None
 
     def close(self) -> None:
@@ -191,7 +200,7 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 def export_parquet(db: Path, out: Path) -> list[Path]:
     """Every table (and the task_stats view) of one run as `OUT/<table>.parquet`."""
     out.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(str(db), read_only=True)
+    con = open_results(db, read_only=True)
     written = []
     try:
         names = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' "

@@ -36,6 +36,7 @@ from pathlib import Path
 import duckdb
 
 from tbhpc.errors import InfraError, UserError
+from tbhpc.store.health import open_results
 from tbhpc.store.merge import WRITE_CONFIG, MergeReport, insert_campaign, insert_rows
 from tbhpc.store.run_dir import RunDir
 from tbhpc.store.schema import DDL, ROLES, SHARD_COLUMNS
@@ -195,7 +196,7 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
     work = Path(tempfile.mkdtemp(prefix=".tmp-import-", dir=Path(out).parent))
     try:
         db = work / "results.duckdb"
-        con = duckdb.connect(str(db), config=WRITE_CONFIG)
+        con = open_results(db, read_only=False, config=WRITE_CONFIG)
         try:
             con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'")
             con.execute(f"SET temp_directory = {literal(str(work / 'spill'))}")

@@ -23,6 +23,7 @@ from pathlib import Path
 import duckdb
 
 from tbhpc.errors import InfraError
+from tbhpc.store.health import open_results
 from tbhpc.store.run_dir import RunDir
 from tbhpc.store.schema import ATTEMPT_COLUMNS, DDL, KEY, SHARD_COLUMNS
 from tbhpc.store.shards import MAX_SHARD_LINE, list_shards
@@ -78,8 +79,8 @@ def insert_rows(con, table: str, rows: list[dict], columns: dict[str, str], repl
 
 def connect(run: RunDir, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     if read_only:
-        return duckdb.connect(str(run.db), read_only=True)
-    con = duckdb.connect(str(run.db), config=WRITE_CONFIG)
+        return open_results(run.db, read_only=True)
+    con = open_results(run.db, read_only=False, config=WRITE_CONFIG)
     con.execute("SET enable_progress_bar = false")
     con.execute(DDL)
     return con

@@ -116,7 +116,8 @@ def read_attempt(db: Path, task_id: str, attempt: int | None = None, policy: str
     import duckdb
 
     from tbhpc.errors import UserError
-    con = duckdb.connect(str(db), read_only=True)
+    from tbhpc.store.health import open_results
+    con = open_results(db, read_only=True)
     try:
         where, params = "task_id = ?", [task_id]
         if policy is not None:

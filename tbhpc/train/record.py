@@ -76,11 +76,12 @@ def _pack(cfg: TrainConfig) -> Path:
     return resolve_pack(cfg.pack)
 
 
-def record_step(run: RunDir, row: dict) -> None:
+def record_step(run: RunDir, row: dict, log: bool = True) -> None:
     """Append the step to logs/train_steps.jsonl and replace it in `train_steps` (under the run's lock)."""
-    run.logs.mkdir(parents=True, exist_ok=True)
-    with open(run.logs / "train_steps.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(row, default=str) + "\n")
+    if log:
+        run.logs.mkdir(parents=True, exist_ok=True)
+        with open(run.logs / "train_steps.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(row, default=str) + "\n")
     with run.lock():
         con = connect(run)
         try:
@@ -89,6 +90,15 @@ def record_step(run: RunDir, row: dict) -> None:
             insert_rows(con, "train_steps", [row], STEP_COLUMNS, replace=True)
         finally:
             con.close()
+
+
+def restore_steps(run: RunDir) -> int:
+    """`train_steps` again from logs/train_steps.jsonl (after a rebuilt results file); the last
+    line of a step wins, as it did when it was recorded. Returns the steps restored."""
+    rows = {row.get("step"): row for row in read_steps(run)}
+    for row in rows.values():
+        record_step(run, row, log=False)
+    return len(rows)
 
 
 def read_steps(run: RunDir) -> list[dict]:

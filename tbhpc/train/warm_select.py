@@ -86,7 +86,6 @@ def in_band(rates: dict, lo: float, hi: float) -> bool:
 
 def evaluate(model_path: str, pack: str, out: Path, repeats: int, workers: int) -> dict:
     """pass@1 overall and per task type (domain/template) of `model_path` on the pack's eval split."""
-    import duckdb
     from rich.console import Console
 
     from tbhpc.campaign.config import CampaignConfig
@@ -96,7 +95,8 @@ def evaluate(model_path: str, pack: str, out: Path, repeats: int, workers: int) 
                                       "response_budget": 256, "temperature": 1.0, "threads": 1},
                          workers=workers, concurrency=48, chunk_size=96, transcripts=False)
     run_campaign(cfg, out, console=Console(stderr=True, quiet=True))
-    con = duckdb.connect(str(out / "results.duckdb"), read_only=True)
+    from tbhpc.store.health import open_results
+    con = open_results(out / "results.duckdb", read_only=True)
     try:
         overall = con.sql("SELECT avg(reward) FROM attempts WHERE status = 'ok'").fetchone()[0]
         per = con.sql("SELECT t.domain || '/' || t.template, avg(a.reward) FROM attempts a JOIN tasks t USING (task_id) "

@@ -1,0 +1,131 @@
+"""Telling a damaged results file from a busy one, and saying how to get it back.
+
+Why: `results.duckdb` is derived data: every attempt lives first in a shard (atomic JSONL files
+under `shards/`), and the merge folds them in. A damaged file used to end in a DuckDB traceback
+(eight commands), damage inside the file went unnoticed until a query touched that block, and
+`tbhpc sql` took it for a file being written and waited. Here every results file a command opens
+goes through `open_results`, so an error DuckDB raises later can be traced back to the damaged
+file (`damage_error` re-reads each opened file to find it); `check_every_block` reads every
+block that holds data (what `tbhpc validate` runs); `rebuild` moves the damaged file aside and
+merges every shard again.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import duckdb
+
+from tbhpc.errors import UserError
+
+# the messages DuckDB (1.x) gives a file whose bytes are wrong: a bad header, a block checksum,
+# a file cut short
+_DAMAGE = ("corrupt database file", "not a valid duckdb database file", "could not read enough bytes",
+           "does not match stored checksum", "invalid block", "serialization error")
+_BUSY = ("could not set lock", "conflicting lock")
+
+_opened: list[Path] = []   # results files this process opened, newest last
+
+
+class DamagedResults(UserError):
+    """A results.duckdb whose bytes are wrong; its run's shards can rebuild it."""
+
+
+def is_damage(exc: BaseException) -> bool:
+    return isinstance(exc, duckdb.Error) and any(m in str(exc).lower() for m in _DAMAGE)
+
+
+def is_busy(exc: BaseException) -> bool:
+    return isinstance(exc, duckdb.Error) and any(m in str(exc).lower() for m in _BUSY)
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text.split(": ", 1)[1][:160] if text.startswith("IO Error: ") else text[:160]
+
+
+def damaged(db: Path, exc: BaseException | str) -> DamagedResults:
+    run = Path(db).parent
+    reason = exc if isinstance(exc, str) else _short(exc)
+    return DamagedResults(f"{db}: damaged ({reason}); the shards hold every attempt: rebuild it with "
+                          f"`tbhpc merge {run} --rebuild`")
+
+
+def open_results(db: Path | str, read_only: bool = True, config: dict | None = None) -> duckdb.DuckDBPyConnection:
+    """duckdb.connect for a run's results file: damage is one line naming the file."""
+    db = Path(db)
+    if db in _opened:
+        _opened.remove(db)
+    _opened.append(db)
+    try:
+        return duckdb.connect(str(db), read_only=read_only, config=config or {})
+    except duckdb.Error as exc:
+        if is_damage(exc):
+            raise damaged(db, exc) from None
+        raise
+
+
+def check_every_block(con: duckdb.DuckDBPyConnection, db: Path | str) -> int:
+    """Read every column of every table (each block's checksum is verified as it is read);
+    returns the rows read. Damage raises DamagedResults naming `db`."""
+    rows = 0
+    try:
+        tables = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = "
+                                            "current_database() ORDER BY 1").fetchall()]
+        for table in tables:
+            n, _ = con.execute(f'SELECT count(*), max(hash(COLUMNS(*))) FROM main."{table}"').fetchone()[:2] \
+                if _has_columns(con, table) else (0, None)
+            rows += n
+    except duckdb.Error as exc:
+        if is_damage(exc):
+            raise damaged(Path(db), exc) from None
+        raise
+    return rows
+
+
+def _has_columns(con, table: str) -> bool:
+    return bool(con.execute("SELECT count(*) FROM duckdb_columns() WHERE database_name = current_database() "
+                            "AND table_name = ?", [table]).fetchone()[0])
+
+
+def damage_error(exc: BaseException) -> DamagedResults:
+    """A damage error DuckDB raised in the middle of a command: find which opened file it was."""
+    return find_damaged(list(reversed(_opened)), exc)
+
+
+def find_damaged(candidates: list[Path], exc: BaseException) -> DamagedResults:
+    """The first of `candidates` that is damaged, read block by block (else a line listing them)."""
+    for db in candidates:
+        try:
+            con = duckdb.connect(str(db), read_only=True)
+        except duckdb.Error as err:
+            if is_damage(err):
+                return damaged(db, err)
+            continue
+        try:
+            check_every_block(con, db)
+        except DamagedResults as found:
+            return found
+        except duckdb.Error:
+            continue
+        finally:
+            con.close()
+    where = f" (one of: {', '.join(map(str, candidates))})" if candidates else ""
+    return DamagedResults(f"a results file is damaged ({_short(exc)}){where}; rebuild it with "
+                          f"`tbhpc merge RUN --rebuild`")
+
+
+def rebuild(run) -> tuple[Path | None, object]:
+    """Move RUN/results.duckdb aside (kept, as results.duckdb.damaged-TIME) and merge every shard
+    into a new one (a training run's steps come back from its log: tbhpc.train.record.restore_steps).
+    Returns (where the old file went, the merge report)."""
+    from tbhpc.store.merge import merge
+    aside = None
+    with run.lock():
+        if run.db.exists():
+            aside = run.db.with_name(f"{run.db.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+            run.db.rename(aside)
+            wal = run.db.with_name(run.db.name + ".wal")
+            if wal.exists():
+                wal.rename(aside.with_name(aside.name + ".wal"))
+    return aside, merge(run)
