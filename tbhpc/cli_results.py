@@ -45,6 +45,8 @@ def add_parsers(sub) -> None:
     i.add_argument("--out", type=out_arg, required=True)
     i.add_argument("--campaign", help="campaign name (default: the first file's stem)")
     i.add_argument("--policy-id", default="thinkingbox")
+    i.add_argument("--lenient", action="store_true", help="convert values of the wrong type (e.g. \"yes\" for true, "
+                   "a number as uid, negative tokens to 0) instead of stopping; the lines converted are counted")
 
     r = sub.add_parser("report", help="Markdown + HTML report with plots")
     r.add_argument("run", type=Path)
@@ -137,9 +139,10 @@ def run(args) -> int:
         return 0
     if args.cmd == "import-tb":
         from tbhpc.store.import_tb import import_files
-        _, rep = import_files(args.files, args.out, args.campaign, args.policy_id)
+        _, rep = import_files(args.files, args.out, args.campaign, args.policy_id, lenient=args.lenient)
         print(f"{args.out}: imported {rep.rows} attempt rows for {rep.tasks} tasks ({rep.reader} read); "
-              f"{rep.system_errors} system error(s)")
+              f"{rep.system_errors} system error(s)" + (f"; {rep.coerced} line(s) with values converted (--lenient)"
+                                                         if args.lenient else ""))
         return 0
     raise UserError(f"unknown command {args.cmd}")
 

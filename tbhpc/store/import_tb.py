@@ -42,6 +42,7 @@ from tbhpc.store.run_dir import RunDir
 from tbhpc.store.schema import DDL, ROLES, SHARD_COLUMNS
 from tbhpc.store.sqltext import literal, literal_list
 from tbhpc.store.tb_transcripts import write_reduced
+from tbhpc.store.tb_types import count_inexact, count_inexact_python, first_inexact_line
 
 MEMORY_LIMIT = "128MB"     # DuckDB's own budget; spills to the temp directory beyond it
 BAD = "!malformed"         # shard value of a row that failed the field checks (never lands: the import stops)
@@ -68,6 +69,7 @@ class ImportReport(MergeReport):
     reader: str = "typed"      # typed: the reference's field types; lenient: JSON values, Python truthiness
     tasks: int = 0             # distinct uids
     system_errors: int = 0     # lines that are system errors (each line is its own attempt: nothing else can be wrong)
+    coerced: int = 0           # lines whose values were converted (only with lenient=True)
 
 
 def _truthy(expr: str) -> str:
@@ -88,7 +90,7 @@ def _read(files: list[Path], columns: dict[str, str], numbered: bool = True) -> 
 
 
 def _tokens(usage: str) -> str:
-    return ", ".join(f"coalesce(list_sum(list_transform({usage}, x -> coalesce({path}, 0))), 0) AS t_{k}"
+    return ", ".join(f"coalesce(list_sum(list_transform({usage}, x -> greatest(coalesce({path}, 0), 0))), 0) AS t_{k}"
                      for k, path in _TOKENS.items())
 
 
@@ -181,7 +183,11 @@ def first_bad_line(files: list[Path]) -> str:
     return ""
 
 
-def import_files(files: list[Path], out: Path, campaign: str | None = None, policy_id: str = "thinkingbox") -> tuple[RunDir, MergeReport]:
+def import_files(files: list[Path], out: Path, campaign: str | None = None, policy_id: str = "thinkingbox",
+                 lenient: bool = False) -> tuple[RunDir, MergeReport]:
+    """`lenient`: convert values of the wrong type (Python truthiness, numbers from strings,
+    negative token counts to 0) and count the lines that needed it; by default such a line stops
+    the import, named (tbhpc.store.tb_types)."""
     run = RunDir(out)
     if Path(out).exists() and not Path(out).is_dir():
         raise UserError(f"--out {out}: is a file, not a folder")
@@ -190,6 +196,13 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
     for f in files:
         if not Path(f).is_file():
             raise UserError(f"{f}: cannot read: no such file")
+    inexact = count_inexact(files, MAX_LINE_BYTES)
+    coerced = 0
+    if inexact != 0:
+        problem = first_inexact_line(files)
+        if problem and (not lenient or "not valid JSON" in problem or "expected a JSON object" in problem):
+            raise UserError(problem + ("" if "JSON" in problem else " (--lenient converts such values)"))
+        coerced = inexact if inexact is not None else count_inexact_python(files)
     campaign = campaign or Path(files[0]).stem
     created = not Path(out).exists()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -239,7 +252,7 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
         raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return run, ImportReport(rows=rows, reader=reader, tasks=tasks, system_errors=system_errors)
+    return run, ImportReport(rows=rows, reader=reader, tasks=tasks, system_errors=system_errors, coerced=coerced)
 
 
 def _write_plan(con, path: Path) -> None:

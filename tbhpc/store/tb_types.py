@@ -1,0 +1,161 @@
+"""Exact field types of ThinkingBox result lines, checked before `import-tb` converts anything.
+
+Why: the importer's fast path parses lines straight into typed columns, and its fallback reads
+JSON values with Python's truthiness. Both convert quietly: `"result": "yes"` became a pass, an
+integer uid a task id, `"many"` tokens 0, and -5 tokens stayed -5. A result file is evidence; a
+value of the wrong type is a bug upstream that must not become a score. So by default every
+line is checked against the reference's types in one SQL scan of the small fields only (the
+conversation is skipped), and the first wrong line is named with its field and value (a Python
+scan, run only then). `--lenient` converts instead and says how many lines needed it.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import duckdb
+
+from tbhpc.store.sqltext import literal_list
+
+TOKEN_FIELDS = ("input_tokens", "output_tokens", "input_tokens_details.cached_tokens",
+                "output_tokens_details.reasoning_tokens")
+_INT = ("UBIGINT", "BIGINT")
+
+
+def _bool_or_null(expr: str, path: str = "$") -> str:
+    return f"coalesce(json_type({expr}, '{path}') IN ('BOOLEAN', 'NULL'), true)"
+
+
+def _str_or_null(expr: str, path: str = "$") -> str:
+    return f"coalesce(json_type({expr}, '{path}') IN ('VARCHAR', 'NULL'), true)"
+
+
+def _tokens_ok(usage: str) -> str:
+    """Every token count of every usage entry a non-negative integer (or absent/null)."""
+    arr = f"(CASE json_type({usage}) WHEN 'OBJECT' THEN json_array({usage}) ELSE {usage} END)"
+    checks = []
+    for field in TOKEN_FIELDS:
+        values = f"json_extract({arr}, '$[*].{field}')"
+        checks.append(f"coalesce(list_bool_and(list_transform({values}, v -> json_type(v) = 'NULL' OR "
+                      f"(json_type(v) IN ('UBIGINT', 'BIGINT') AND v::BIGINT >= 0))), true)")
+    entries = f"coalesce(list_bool_and(list_transform(json_extract({arr}, '$[*]'), e -> json_type(e) = 'OBJECT')), true)"
+    return f"({entries} AND {' AND '.join(checks)})"
+
+
+def exact_sql() -> str:
+    """A boolean SQL expression over the JSON columns uid, is_system_error, test_result, usage,
+    metadata, finish_reason, error: the line has the reference's types."""
+    tr = "test_result"
+    return " AND ".join([
+        "json_type(uid) = 'VARCHAR' AND (uid ->> '$') <> ''",
+        _bool_or_null("is_system_error"), _str_or_null("finish_reason"), _str_or_null("error"),
+        f"({tr} IS NULL OR json_type({tr}) = 'NULL' OR (json_type({tr}) = 'OBJECT' AND {_bool_or_null(tr, '$.result')} "
+        f"AND {_bool_or_null(tr, '$.is_system_error')} AND {_str_or_null(tr, '$.error')} AND {_str_or_null(tr, '$.tb')} "
+        f"AND coalesce(json_type({tr}, '$.reward') IN ('UBIGINT', 'BIGINT', 'DOUBLE', 'NULL'), true)))",
+        "(usage IS NULL OR json_type(usage) = 'NULL' OR (json_type(usage) IN ('ARRAY', 'OBJECT') AND "
+        f"{_tokens_ok('usage')}))",
+        "(metadata IS NULL OR json_type(metadata) = 'NULL' OR (json_type(metadata) = 'OBJECT' AND "
+        f"{_str_or_null('metadata', '$.scenario')} AND {_str_or_null('metadata', '$.error')}))",
+    ])
+
+
+def count_inexact(files: list[Path], max_line_bytes: int) -> int | None:
+    """Lines whose fields are not of the reference's types; None when DuckDB cannot read them
+    as JSON at all (the line-by-line scan then says why)."""
+    cols = "{" + ", ".join(f"'{c}': 'JSON'" for c in ("uid", "is_system_error", "test_result", "usage", "metadata",
+                                                        "finish_reason", "error")) + "}"
+    scan = (f"read_json({literal_list(files)}, format='newline_delimited', columns={cols}, "
+            f"maximum_object_size={max_line_bytes})")
+    with duckdb.connect(":memory:") as con:
+        con.execute("SET threads = 2")
+        try:
+            return int(con.execute(f"SELECT count(*) FILTER (WHERE NOT coalesce({exact_sql()}, false)) FROM {scan}").fetchone()[0])
+        except duckdb.Error:
+            return None
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def type_problem(obj: dict) -> str:
+    """The first field of one parsed line that is not of the reference's type, as 'field X: ...'."""
+    uid = obj.get("uid")
+    if uid is None or uid == "":
+        return "missing string field 'uid'"
+    if not isinstance(uid, str):
+        return f"field 'uid' must be a string, got {json.dumps(uid)}"
+    for name in ("is_system_error",):
+        if obj.get(name) is not None and not isinstance(obj[name], bool):
+            return f"field {name!r} must be true, false or null, got {json.dumps(obj[name])}"
+    for name in ("finish_reason", "error"):
+        if obj.get(name) is not None and not isinstance(obj[name], str):
+            return f"field {name!r} must be a string or null, got {json.dumps(obj[name])}"
+    tr = obj.get("test_result")
+    if tr is not None:
+        if not isinstance(tr, dict):
+            return "field 'test_result' must be an object"
+        for name in ("result", "is_system_error"):
+            if tr.get(name) is not None and not isinstance(tr[name], bool):
+                return f"field 'test_result.{name}' must be true, false or null, got {json.dumps(tr[name])}"
+        reward = tr.get("reward")
+        if reward is not None and (isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward)):
+            return f"field 'test_result.reward' must be a finite number or null, got {json.dumps(reward)}"
+        for name in ("error", "tb"):
+            if tr.get(name) is not None and not isinstance(tr[name], str):
+                return f"field 'test_result.{name}' must be a string or null, got {json.dumps(tr[name])}"
+    usage = obj.get("usage")
+    if usage is not None:
+        if not isinstance(usage, (list, dict)):
+            return "field 'usage' must be a list of objects or an object"
+        for i, entry in enumerate([usage] if isinstance(usage, dict) else usage):
+            if not isinstance(entry, dict):
+                return f"field 'usage[{i}]' must be an object, got {json.dumps(entry)}"
+            for field in TOKEN_FIELDS:
+                value: object = entry
+                for part in field.split("."):
+                    value = value.get(part) if isinstance(value, dict) else None
+                if value is not None and (not _is_int(value) or value < 0):
+                    return f"field 'usage[{i}].{field}' must be a non-negative integer, got {json.dumps(value)}"
+    md = obj.get("metadata")
+    if md is not None:
+        if not isinstance(md, dict):
+            return f"field 'metadata' must be an object, got {json.dumps(md)}"
+        for name in ("scenario", "error"):
+            if md.get(name) is not None and not isinstance(md[name], str):
+                return f"field 'metadata.{name}' must be a string or null, got {json.dumps(md[name])}"
+    return ""
+
+
+def first_inexact_line(files: list[Path]) -> str:
+    """'FILE: line N: field ...' for the first line of a wrong type (a line-by-line scan)."""
+    for f in files:
+        with open(f, encoding="utf-8") as fh:
+            for no, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    return f"{f}: line {no}: not valid JSON ({exc.msg})"
+                if not isinstance(obj, dict):
+                    return f"{f}: line {no}: expected a JSON object"
+                if problem := type_problem(obj):
+                    return f"{f}: line {no}: {problem}"
+    return ""
+
+
+def count_inexact_python(files: list[Path]) -> int:
+    """The same count as `count_inexact`, line by line (when DuckDB cannot read a file as JSON)."""
+    n = 0
+    for f in files:
+        with open(f, encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+                    n += isinstance(obj, dict) and bool(type_problem(obj))
+    return n
