@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tbhpc.cli_types import int_in
 from tbhpc.outpaths import out_arg
 from tbhpc.store.run_dir import RunDir
 
@@ -21,7 +22,7 @@ def add_parsers(sub) -> None:
         p.add_argument("--out", type=out_arg, required=True, help="run directory (created, or resumed if it exists)")
         p.add_argument("--config", type=Path, help=f"YAML campaign config (see jobs/{kind}.yaml)")
         p.add_argument("--executor", default="local")
-        p.add_argument("--workers", type=int, help="local worker processes (overrides workers=)")
+        p.add_argument("--workers", type=int_in(1, 1024), help="local worker processes (overrides workers=)")
         p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     sb = sub.add_parser("submit", help="submit to Slurm: a campaign (array -> merge -> agg/select) or a training run "
                                        "(serving job + trainer job); fire and forget")
@@ -39,7 +40,7 @@ def add_parsers(sub) -> None:
     v = sub.add_parser("validate", help="check a run holds exactly tasks x repeats keys and no system errors")
     v.add_argument("run", type=Path)
     v.add_argument("--tasks", type=Path, help="expected task ids (YAML list, pool file, or one per line)")
-    v.add_argument("--repeats", type=int)
+    v.add_argument("--repeats", type=int_in(1))
 
 
 def run(args) -> int:
@@ -56,6 +57,10 @@ def run(args) -> int:
         res = run_campaign(cfg, args.out, make_executor(args.executor, cfg.workers, cfg.slurm), console)
         print(f"{args.out}: {res.planned} planned, {res.already_done} already done, {res.executed} executed "
               f"({res.ok} ok, {res.system_errors} system errors), {res.missing} still to run")
+        if res.missing:
+            from tbhpc.campaign.runner import system_error_causes
+            for kind, message, n in system_error_causes(RunDir(args.out)):
+                print(f"  system errors: {n} x {kind}: {message}")
         return 0 if res.missing == 0 else 1
     if args.cmd == "submit" and args.kind == "train":
         from tbhpc.cli_train import load

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from tbhpc.agents import build_judge, build_user
@@ -30,13 +31,17 @@ def run(args, policy_opts: dict) -> int:
                           build_user(args), build_judge(args))
     finally:
         envs.close()
+    # exit status: 0 when the episode was graded (pass or fail), 1 on a system error (never a grade)
+    code = 1 if res.status == "system_error" else 0
+    if code:
+        print(f"tbhpc: episode {task.id}: system error ({res.error_kind or 'infra'}): {res.error}", file=sys.stderr)
     if args.format == "json":
         print(json.dumps(res.to_dict(), indent=1, ensure_ascii=False))
-        return 0
+        return code
     from tbhpc.report.transcript import render_messages, render_outcome
     row = {**(res.grade or {}), "task_id": res.task_id, "attempt_index": 0, "status": res.status,
            "finish_reason": res.finish_reason, "reward": res.reward, "error": res.error, "error_kind": res.error_kind,
            "env_degraded": res.degraded}
     print("\n".join(render_messages(res.messages, show_system=True) + [""] +
                     render_outcome(row, (res.grade or {}).get("rubrics"))))
-    return 0
+    return code

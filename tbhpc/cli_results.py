@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tbhpc.errors import UserError
+from tbhpc.cli_types import float_in, int_in
 from tbhpc.outpaths import check_output_file, check_output_folder, out_arg
 from tbhpc.selection.bands import DEFAULT_KEEP
 from tbhpc.store.run_dir import RunDir
@@ -19,13 +20,13 @@ def add_parsers(sub) -> None:
     a.add_argument("--format", choices=("table", "json", "csv", "md"), default="table")
     a.add_argument("--vs", type=Path, help="second run: paired comparison on shared tasks (other - base)")
     a.add_argument("--prices", type=Path, help="YAML price table per role (USD per 1M tokens)")
-    a.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates over tasks (0 = off)")
+    a.add_argument("--bootstrap", type=int_in(0, 1_000_000), default=1000, help="bootstrap replicates over tasks (0 = off)")
     a.add_argument("--allow-incomplete", action="store_true")
 
     w = sub.add_parser("show", help="one attempt of a run: its transcript, tool calls, outputs and grade")
     w.add_argument("run", type=Path)
     w.add_argument("task_id")
-    w.add_argument("--attempt", type=int, help="attempt index (default: the task's first failed attempt, else its first)")
+    w.add_argument("--attempt", type=int_in(0), help="attempt index (default: the task's first failed attempt, else its first)")
     w.add_argument("--policy", help="policy id, when the run holds several (training runs: one per weight version)")
     w.add_argument("--system", action="store_true", help="also print the system prompt")
     w.add_argument("--format", choices=("text", "json"), default="text")
@@ -33,7 +34,7 @@ def add_parsers(sub) -> None:
     q = sub.add_parser("sql", help="SQL over every run under a folder (union views with a `run` column)")
     q.add_argument("args", nargs="+", metavar="[ROOT] QUERY", help="ROOT defaults to runs/ (or . if there is none)")
     q.add_argument("--format", choices=("table", "csv", "json"), default="table")
-    q.add_argument("--wait", type=float, default=10.0, help="seconds to wait for a run whose merge is writing")
+    q.add_argument("--wait", type=float_in(0, 3600), default=10.0, help="seconds to wait for a run whose merge is writing")
 
     x = sub.add_parser("export", help="a run's tables as Parquet files (pandas, polars, Spark)")
     x.add_argument("run", type=Path)
@@ -54,7 +55,7 @@ def add_parsers(sub) -> None:
     r.add_argument("--out", type=out_arg, help="output folder (default: RUN/report)")
     r.add_argument("--force", action="store_true", help="write into a non-empty folder that is not a previous report")
     r.add_argument("--prices", type=Path)
-    r.add_argument("--bootstrap", type=int, default=1000)
+    r.add_argument("--bootstrap", type=int_in(0, 1_000_000), default=1000)
     r.add_argument("--allow-incomplete", action="store_true")
 
     s = sub.add_parser("select", help="Jeffreys difficulty bands -> training pool (YAML) + manifest + DuckDB table")
@@ -62,12 +63,12 @@ def add_parsers(sub) -> None:
     s.add_argument("--out", type=out_arg, required=True, help="pool file to write (YAML)")
     s.add_argument("--force", action="store_true", help="replace a file that is not a pool written by select")
     s.add_argument("--keep", default=",".join(DEFAULT_KEEP), help="bands to keep (comma-separated)")
-    s.add_argument("--min-clean-runs", type=int, default=3)
+    s.add_argument("--min-clean-runs", type=int_in(0), default=3)
     s.add_argument("--exclude", type=Path, action="append", default=[],
                    help="exclusion list (ids one per line); default: the probed pack's eval_ids.txt")
     s.add_argument("--reference", type=Path, help="reference-policy probe run for the solvability gate")
-    s.add_argument("--reference-min-successes", type=int, default=1)
-    s.add_argument("--reference-min-clean-runs", type=int, default=4)
+    s.add_argument("--reference-min-successes", type=int_in(0), default=1)
+    s.add_argument("--reference-min-clean-runs", type=int_in(0), default=4)
 
 
 def checked_counts(path: Path, allow_incomplete: bool):

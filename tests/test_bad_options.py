@@ -55,7 +55,7 @@ def test_options_are_checked_without_building_the_policy():
 
 @pytest.mark.parametrize("args, needles", [
     (["limit=-2"], ("'limit'", "-2")),
-    (["--workers", "0"], ("'workers'", "got 0")),
+    (["--workers", "0"], ("--workers", "got 0")),
     (["policy_opts={skill: .nan}"], ("'skill'", "nan")),
     (["policy_opts={skill: 5}"], ("'skill'", "within [0, 1]")),
     (["policy_opts={skill: -1}"], ("'skill'",)),

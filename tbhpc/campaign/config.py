@@ -62,6 +62,10 @@ class CampaignConfig:
             raise UserError(f"campaign config: field 'limit' must be >= 1 (or null: every task), got {self.limit!r}")
         from tbhpc.policy import check_policy_options
         check_policy_options(self.policy, self.policy_opts, "campaign config: policy_opts")
+        if self.slurm:  # checked now, not when an executor or `submit` first reads them
+            from tbhpc.config import from_dict
+            from tbhpc.launch.options import SlurmOptions
+            from_dict(SlurmOptions, self.slurm, {k: "campaign config field 'slurm'" for k in self.slurm})
 
     @property
     def resolved_policy_id(self) -> str:

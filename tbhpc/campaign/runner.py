@@ -82,6 +82,17 @@ def degraded(run: RunDir) -> list[tuple[str, int, int]]:
         con.close()
 
 
+def system_error_causes(run: RunDir, limit: int = 3) -> list[tuple[str, str, int]]:
+    """(kind, message, attempts) of the commonest causes of the run's system errors."""
+    con = connect(run, read_only=True)
+    try:
+        return con.execute("SELECT coalesce(error_kind, 'infra'), left(coalesce(error, '(no message)'), 160), count(*) "
+                           "FROM attempts WHERE status = 'system_error' GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT ?",
+                           [limit]).fetchall()
+    finally:
+        con.close()
+
+
 def pending_keys(run: RunDir, rows: list[dict]) -> tuple[list[tuple[str, int]], int]:
     camp = run.campaign()
     con = connect(run, read_only=True)

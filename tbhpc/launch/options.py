@@ -3,8 +3,26 @@ identity, so a campaign can move between local, Slurm and MPI execution and resu
 from __future__ import annotations
 
 import math
+import re
 import sys
 from dataclasses import dataclass, field
+
+from tbhpc.errors import UserError
+
+# sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or no limit
+_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}|\d+-\d{1,2}:\d{1,2}:\d{1,2})$")
+_MEM = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)     # sbatch --mem: megabytes, or a K/M/G/T suffix
+
+
+def check_slurm_time(value, where: str) -> None:
+    """One line unless `value` is a time sbatch accepts."""
+    if not isinstance(value, str) or not (_TIME.match(value.strip()) or value.strip().upper() in ("UNLIMITED", "INFINITE")):
+        raise UserError(f"{where}: {value!r} is not a Slurm time (minutes, HH:MM:SS, D-HH:MM:SS or UNLIMITED)")
+
+
+def check_slurm_mem(value, where: str) -> None:
+    if value is not None and not (isinstance(value, str) and _MEM.match(value.strip())):
+        raise UserError(f"{where}: {value!r} is not a Slurm memory size (e.g. 2G, 500M, 4096)")
 
 
 @dataclass
@@ -32,6 +50,20 @@ class SlurmOptions:
     nodes: int = 1
     ntasks: int = 2
     mpi: str = "pmix"
+
+    def __post_init__(self) -> None:
+        check_slurm_time(self.time, "slurm option 'time'")
+        check_slurm_mem(self.mem, "slurm option 'mem'")
+        for name, low in (("cpus_per_task", 1), ("array_parallelism", 1), ("attempts_per_task", 0), ("max_array_tasks", 1),
+                          ("flush_every", 1), ("signal_seconds", 0), ("task_retries", 0), ("nodes", 1), ("ntasks", 1)):
+            if getattr(self, name) < low:
+                raise UserError(f"slurm option {name!r} must be >= {low}, got {getattr(self, name)!r}")
+        for name in ("attempt_seconds", "target_task_minutes", "poll_seconds"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise UserError(f"slurm option {name!r} must be a positive number of {name.split('_')[-1]}, got {value!r}")
+        if self.nice is not None and abs(self.nice) > 2147483645:
+            raise UserError(f"slurm option 'nice' must be within +-2147483645, got {self.nice}")
 
     def task_size(self, n_keys: int) -> int:
         """Attempts per array task: explicit, else about target_task_minutes of work, and never

@@ -5,6 +5,8 @@ GROUP BY, so a million-attempt campaign aggregates in the time it takes DuckDB t
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,6 +137,8 @@ def load_prices(path: Path | str) -> dict:
         for kind, value in (table or {}).items():
             if kind not in PRICE_KINDS or not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise UserError(f"{path}: {role}.{kind}: expected one of {', '.join(PRICE_KINDS)} with a number (USD per 1M tokens)")
+            if not (math.isfinite(value) and value >= 0):
+                raise UserError(f"{path}: {role}.{kind}: a price must be a finite number >= 0 (USD per 1M tokens), got {value}")
     return doc
 
 

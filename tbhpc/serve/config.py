@@ -2,6 +2,7 @@
 are applied. One dataclass, loaded from YAML (jobs/serve.yaml) with key=value overrides."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +15,10 @@ REPO = Path(__file__).resolve().parents[2]
 def default_vllm_python() -> str:
     """The serving environment's interpreter: $TBHPC_VLLM_PYTHON, else the project's .venv-vllm."""
     return os.environ.get("TBHPC_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
+
+
+# the dtypes vLLM's --dtype accepts
+DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 
 
 @dataclass
@@ -65,3 +70,19 @@ class ServeConfig:
             raise UserError(f"{source}: field 'pause_mode' must be wait, keep or abort, got {self.pause_mode!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise UserError(f"{source}: field 'device' must be auto, cpu or cuda, got {self.device!r}")
+        if self.dtype not in DTYPES:
+            raise UserError(f"{source}: field 'dtype' must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not 0 <= self.port <= 65535:
+            raise UserError(f"{source}: field 'port' must be within 0..65535 (0: a free port), got {self.port}")
+        for name in ("tensor_parallel_size", "data_parallel_size", "max_model_len", "kv_cache_gb"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{source}: field {name!r} must be >= 1, got {getattr(self, name)}")
+        if self.cpu_threads < 0:
+            raise UserError(f"{source}: field 'cpu_threads' must be >= 0 (0: vLLM decides), got {self.cpu_threads}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise UserError(f"{source}: field 'gpu_memory_utilization' must be within (0, 1], got {self.gpu_memory_utilization}")
+        for name in ("ready_timeout_s", "poll_s"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise UserError(f"{source}: field {name!r} must be a positive number of seconds, got {getattr(self, name)}")
+        if not math.isfinite(self.verify_tol):
+            raise UserError(f"{source}: field 'verify_tol' must be finite, got {self.verify_tol}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tbhpc.errors import UserError
+from tbhpc.errors import InfraError, UserError
 from tbhpc.serve.checkpoints import REJECTED, UNVERIFIED, published, version_step
 from tbhpc.serve.endpoint import read_endpoint
 from tbhpc.serve.fingerprint import Check, Fingerprint, check_server, default_tol, fingerprint_dir
@@ -26,6 +26,8 @@ def check_endpoint(run: Path | None = None, url: str | None = None, model: str =
         base_url, model = ep.base_url, model or ep.model
     else:
         base_url = url.rstrip("/").removesuffix("/v1")
+    _reachable(base_url, f"serve-check {run}" if run is not None else "serve-check --url")
+    if run is None:
         model = model or _first_model(base_url)
     version = _served_version(base_url, model)
     if checkpoint is not None:
@@ -52,6 +54,16 @@ def _run_fingerprint(run: Path, version: str, model_path: str) -> tuple[Fingerpr
     if not pub.fingerprint:
         return fingerprint_dir(str(pub.path)), str(pub.path)
     return Fingerprint.from_json(pub.fingerprint), f"{claimed} marker"
+
+
+def _reachable(base_url: str, who: str) -> None:
+    """One line when nothing answers at `base_url` (a dead server, a wrong port or host)."""
+    import urllib.error
+    try:
+        http_json(base_url + "/v1/models", timeout=10.0)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise InfraError(f"{who}: no vLLM server answers at {base_url} ({reason})") from None
 
 
 def _first_model(base_url: str) -> str:
