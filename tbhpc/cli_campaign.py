@@ -94,14 +94,8 @@ def run(args) -> int:
               if aside else "", end="\n" if aside else "")
         return 1 if rep.quarantined else 0
     if args.cmd == "merge":
-        from tbhpc.store.health import check_every_block
-        from tbhpc.store.merge import connect, merge
-        rep = merge(run_dir)
-        con = connect(run_dir, read_only=True)
-        try:
-            check_every_block(con, run_dir.db)   # damage the merge's own reads did not touch
-        finally:
-            con.close()
+        from tbhpc.store.merge import merge
+        rep = merge(run_dir, verify=True)    # damage anywhere in the file, before anything is written
         for line in rep.lines():
             console.print(f"[red]error[/]: {line}")
         print(f"{args.run}: merged {rep.new_shards} new shard(s), {rep.rows} attempt row(s)")

@@ -109,7 +109,7 @@ def run_campaign(cfg: CampaignConfig, out: Path, executor: Executor | None = Non
     console = console or Console(stderr=True)
     executor = executor or LocalExecutor(cfg.workers)
     run, rows = open_run(cfg, out)
-    report = merge(run)  # pick up shards of an earlier, interrupted run
+    report = merge(run, verify=True)  # pick up shards of an earlier, interrupted run (a damaged file: stop)
     for line in report.lines():
         console.print(f"[red]warning[/]: {line}")
     keys, planned = pending_keys(run, rows)

@@ -92,10 +92,7 @@ def ensure_warm_start(cfg: DemoConfig, console: Console) -> str:
     if (warm / "config.json").exists():
         console.print(f"   warm start: {warm} (cached)")
         return str(warm)
-    if cfg.warm_start:  # a path the user named is used, never built (a typo must not cost a 20-minute build)
-        what = "holds no model (no config.json)" if warm.exists() else "does not exist"
-        raise UserError(f"demo config: field 'warm_start': {warm} {what}; build one with `tbhpc warmstart "
-                        f"--out {warm} ...`, or leave warm_start empty for the default")
+    check_warm_start(cfg)
     if cfg.pack not in (None, "full", "demo"):
         raise UserError(f"demo: no warm start at {warm}; the demo recipes learn a bundled pack "
                         f"(for {cfg.pack}: tbhpc warmstart --size demo-pack --pack {cfg.pack} --split train --select ..., "
@@ -106,6 +103,15 @@ def ensure_warm_start(cfg: DemoConfig, console: Console) -> str:
     cmd = [sys.executable, "-m", "tbhpc.cli", "warmstart", "--recipe", recipe, "--out", str(warm), "--seed", str(cfg.seed)]
     _stream(cmd, console)
     return str(warm)
+
+
+def check_warm_start(cfg: DemoConfig) -> None:
+    """A warm start the user named is used, never built (a typo must not cost a 20-minute build)."""
+    warm = Path(cfg.warm_path)
+    if cfg.warm_start and not (warm / "config.json").exists():
+        what = "holds no model (no config.json)" if warm.exists() else "does not exist"
+        raise UserError(f"demo config: field 'warm_start': {warm} {what}; build one with `tbhpc warmstart "
+                        f"--out {warm} ...`, or leave warm_start empty for the default")
 
 
 def check_train_section(cfg: DemoConfig) -> None:
@@ -119,6 +125,7 @@ def check_train_section(cfg: DemoConfig) -> None:
 
 def run_demo(cfg: DemoConfig, console: Console) -> int:
     check_train_section(cfg)
+    check_warm_start(cfg)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     t0, times = time.perf_counter(), {}

@@ -30,7 +30,7 @@ from pathlib import Path
 import duckdb
 
 from tbhpc.errors import UserError
-from tbhpc.store.health import damaged, find_damaged, is_busy, is_damage, open_results
+from tbhpc.store.health import check_every_block, damaged, find_damaged, is_busy, is_damage, open_results
 from tbhpc.store.schema import task_stats_sql
 
 QUERY_KINDS = ("SELECT", "EXPLAIN")
@@ -158,10 +158,11 @@ class Catalogue:
 
     def sql(self, query: str):
         kinds = query_kinds(query)
-        refused = [k for k in kinds if k not in QUERY_KINDS]
+        refused = [(k, text) for k, text in kinds if k not in QUERY_KINDS]
         if refused:
+            kind, text = refused[0]
             raise UserError(f"sql: only queries run here (SELECT, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN); "
-                            f"this is {', '.join(refused)}")
+                            f"{' '.join(text.split())[:60]!r} is a {kind} statement")
         self.refresh()
         if not self.attached:
             raise UserError(f"{self.root}: no run databases ({DB_NAME}) under it")
@@ -178,8 +179,9 @@ class Catalogue:
             self.con = None
 
 
-def query_kinds(query: str) -> list[str]:
-    """DuckDB's statement kinds of `query` (parsed, not run); a parse error is the user's."""
+def query_kinds(query: str) -> list[tuple[str, str]]:
+    """(DuckDB's statement kind, its text) for each statement of `query` (parsed, not run); a parse
+    error is the user's."""
     with duckdb.connect(":memory:") as con:
         try:
             statements = con.extract_statements(query)
@@ -187,7 +189,7 @@ def query_kinds(query: str) -> list[str]:
             raise UserError(f"sql: {' '.join(str(exc).split())[:400]}") from None
     if not statements:
         raise UserError("sql: the query is empty")
-    return [s.type.name for s in statements]
+    return [(s.type.name, s.query) for s in statements]
 
 
 def _esc(text: str) -> str:
@@ -199,13 +201,14 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 def export_parquet(db: Path, out: Path) -> list[Path]:
     """Every table (and the task_stats view) of one run as `OUT/<table>.parquet`."""
-    out.mkdir(parents=True, exist_ok=True)
     con = open_results(db, read_only=True)
     written = []
     try:
         names = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' "
                                            "UNION SELECT view_name FROM duckdb_views() WHERE schema_name = 'main' "
                                            "AND NOT internal ORDER BY 1").fetchall()]
+        check_every_block(con, db)      # a damaged file writes no half export
+        out.mkdir(parents=True, exist_ok=True)
         for name in names:
             path = out / f"{_SAFE.sub('_', name)}.parquet"
             con.execute(f"COPY (SELECT * FROM main.\"{name}\") TO '{_esc(str(path))}' (FORMAT parquet, COMPRESSION zstd)")

@@ -86,9 +86,18 @@ def connect(run: RunDir, read_only: bool = False) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def merge(run: RunDir) -> MergeReport:
+def merge(run: RunDir, verify: bool = False) -> MergeReport:
+    """`verify`: first read every block of an existing results file (read-only), so a damaged one
+    is reported before anything is written into it (tbhpc.store.health)."""
     report = MergeReport()
     with run.lock():
+        if verify and run.db.exists():
+            from tbhpc.store.health import check_every_block
+            con = connect(run, read_only=True)
+            try:
+                check_every_block(con, run.db)
+            finally:
+                con.close()
         con = connect(run)
         try:
             con.execute(f"SET memory_limit = '{MERGE_MEMORY}'")

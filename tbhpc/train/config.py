@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tbhpc.errors import UserError
@@ -138,3 +139,7 @@ class TrainConfig:
             raise UserError(f"{source}: field 'model' is required (an HF model directory)")
         if not self.pool:
             raise UserError(f"{source}: field 'pool' is required (the pool file `tbhpc select` wrote)")
+        if not Path(self.pool).is_file():
+            raise UserError(f"{source}: field 'pool': {self.pool} is not a file (the pool file `tbhpc select` wrote)")
+        if self.model.startswith(("/", ".", "~")) and not Path(self.model).expanduser().is_dir():
+            raise UserError(f"{source}: field 'model': {self.model} is not a directory (an HF model directory)")
