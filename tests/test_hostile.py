@@ -185,6 +185,7 @@ CASES = [
     ("opt-typo", ["episode", "--task", "TASK", "--opt", "skil=0.7"], 2, ["'skil'"]),
     ("opt-no-equals", ["episode", "--task", "TASK", "--opt", "skill"], 2, ["--opt", "key=value"]),
     ("opt-brace", ["episode", "--task", "TASK", "--opt", "skill={0.7"], 2, ["--opt", "malformed YAML"]),
+    ("servers-missing", ["eval", "--out", "new", "servers=no-servers.yaml"], 2, ["'servers'", "no-servers.yaml"]),
     ("override-unknown", ["eval", "--out", "new", "limt=1"], 2, ["unknown field 'limt'"]),
     # 7. ranges
     ("limit-negative", ["eval", "--out", "new", "limit=-2"], 2, ["'limit'", "-2"]),

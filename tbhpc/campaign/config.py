@@ -58,6 +58,8 @@ class CampaignConfig:
         for name in ("repeats", "workers", "chunk_size", "concurrency"):
             if getattr(self, name) < 1:
                 raise UserError(f"campaign config: field {name!r} must be >= 1, got {getattr(self, name)!r}")
+        if self.servers and not Path(self.servers).is_file():
+            raise UserError(f"campaign config: field 'servers': {self.servers} is not a file (the MCP servers file)")
         if self.limit is not None and self.limit < 1:
             raise UserError(f"campaign config: field 'limit' must be >= 1 (or null: every task), got {self.limit!r}")
         from tbhpc.policy import check_policy_options

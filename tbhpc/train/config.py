@@ -141,5 +141,7 @@ class TrainConfig:
             raise UserError(f"{source}: field 'pool' is required (the pool file `tbhpc select` wrote)")
         if not Path(self.pool).is_file():
             raise UserError(f"{source}: field 'pool': {self.pool} is not a file (the pool file `tbhpc select` wrote)")
+        if self.servers and not Path(self.servers).is_file():
+            raise UserError(f"{source}: field 'servers': {self.servers} is not a file (the MCP servers file)")
         if self.model.startswith(("/", ".", "~")) and not Path(self.model).expanduser().is_dir():
             raise UserError(f"{source}: field 'model': {self.model} is not a directory (an HF model directory)")
