@@ -42,7 +42,7 @@ from tbhpc.store.run_dir import RunDir
 from tbhpc.store.schema import DDL, ROLES, SHARD_COLUMNS
 from tbhpc.store.sqltext import literal, literal_list
 from tbhpc.store.tb_transcripts import write_reduced
-from tbhpc.store.tb_types import count_inexact, count_inexact_python, first_inexact_line
+from tbhpc.store.tb_types import count_inexact, count_inexact_python, first_inexact_line, parsed_lines
 
 MEMORY_LIMIT = "128MB"     # DuckDB's own budget; spills to the temp directory beyond it
 BAD = "!malformed"         # shard value of a row that failed the field checks (never lands: the import stops)
@@ -162,24 +162,15 @@ def _select(lines: str, campaign: str, policy_id: str, numbered: bool = True) ->
 
 def first_bad_line(files: list[Path]) -> str:
     """The first line that is not a valid result, as 'FILE: line N: why' (a line-by-line scan)."""
-    for f in files:
-        with open(f, encoding="utf-8") as fh:
-            for no, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                where = f"{f}: line {no}"
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    return f"{where}: not valid JSON ({exc.msg})"
-                if not isinstance(obj, dict):
-                    return f"{where}: expected a JSON object"
-                if not isinstance(obj.get("uid"), str) or not obj["uid"]:
-                    return f"{where}: missing string field 'uid'"
-                if obj.get("test_result") is not None and not isinstance(obj["test_result"], dict):
-                    return f"{where}: field 'test_result' must be an object"
-                if not isinstance(obj.get("usage") or [], (list, dict)):
-                    return f"{where}: field 'usage' must be a list of objects or an object"
+    for f, no, obj, problem in parsed_lines(files):
+        if not problem and (not isinstance(obj.get("uid"), str) or not obj["uid"]):
+            problem = "missing string field 'uid'"
+        elif not problem and obj.get("test_result") is not None and not isinstance(obj["test_result"], dict):
+            problem = "field 'test_result' must be an object"
+        elif not problem and not isinstance(obj.get("usage") or [], (list, dict)):
+            problem = "field 'usage' must be a list of objects or an object"
+        if problem:
+            return f"{f}: line {no}: {problem}"
     return ""
 
 

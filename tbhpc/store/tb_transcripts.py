@@ -71,26 +71,19 @@ def write_reduced(files: list[Path], out: Path) -> dict[str, str]:
     text). A line that is not JSON stops it with its file and line number."""
     from tbhpc.errors import UserError
     blobs: dict[str, str] = {}
+    from tbhpc.store.tb_types import parsed_lines
     with open(out, "w", encoding="utf-8", errors="replace") as sink:   # a lone surrogate (an escaped \ud800) -> "?"
-        for f in files:
-            with open(f, encoding="utf-8") as fh:
-                for no, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        result = json.loads(line)
-                    except json.JSONDecodeError as exc:
-                        raise UserError(f"{f}: line {no}: not valid JSON ({exc.msg})") from None
-                    if not isinstance(result, dict):
-                        raise UserError(f"{f}: line {no}: expected a JSON object")
-                    doc = reference_doc(result, blobs)
-                    reduced = {k: result[k] for k in _KEPT if k in result}
-                    if isinstance(reduced.get("test_result"), dict):
-                        reduced["test_result"] = {k: v for k, v in reduced["test_result"].items() if k != "metadata"}
-                    if isinstance(reduced.get("metadata"), dict):
-                        reduced["metadata"] = {k: v for k, v in reduced["metadata"].items() if k in ("scenario", "error")}
-                    reduced["transcript"] = doc
-                    sink.write(json.dumps(reduced, ensure_ascii=False, separators=(",", ":")) + "\n")
+        for f, no, result, problem in parsed_lines(files):
+            if problem:
+                raise UserError(f"{f}: line {no}: {problem}")
+            doc = reference_doc(result, blobs)
+            reduced = {k: result[k] for k in _KEPT if k in result}
+            if isinstance(reduced.get("test_result"), dict):
+                reduced["test_result"] = {k: v for k, v in reduced["test_result"].items() if k != "metadata"}
+            if isinstance(reduced.get("metadata"), dict):
+                reduced["metadata"] = {k: v for k, v in reduced["metadata"].items() if k in ("scenario", "error")}
+            reduced["transcript"] = doc
+            sink.write(json.dumps(reduced, ensure_ascii=False, separators=(",", ":")) + "\n")
     return blobs
 
 

@@ -128,8 +128,9 @@ def type_problem(obj: dict) -> str:
     return ""
 
 
-def first_inexact_line(files: list[Path]) -> str:
-    """'FILE: line N: field ...' for the first line of a wrong type (a line-by-line scan)."""
+def parsed_lines(files: list[Path]):
+    """(file, line number, the parsed object or None, why it is not a JSON object or '') for
+    every non-blank line of `files`."""
     for f in files:
         with open(f, encoding="utf-8") as fh:
             for no, line in enumerate(fh, 1):
@@ -138,24 +139,19 @@ def first_inexact_line(files: list[Path]) -> str:
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    return f"{f}: line {no}: not valid JSON ({exc.msg})"
-                if not isinstance(obj, dict):
-                    return f"{f}: line {no}: expected a JSON object"
-                if problem := type_problem(obj):
-                    return f"{f}: line {no}: {problem}"
+                    yield f, no, None, f"not valid JSON ({exc.msg})"
+                    continue
+                yield f, no, obj, "" if isinstance(obj, dict) else "expected a JSON object"
+
+
+def first_inexact_line(files: list[Path]) -> str:
+    """'FILE: line N: field ...' for the first line of a wrong type (a line-by-line scan)."""
+    for f, no, obj, problem in parsed_lines(files):
+        if problem := problem or type_problem(obj):
+            return f"{f}: line {no}: {problem}"
     return ""
 
 
 def count_inexact_python(files: list[Path]) -> int:
     """The same count as `count_inexact`, line by line (when DuckDB cannot read a file as JSON)."""
-    n = 0
-    for f in files:
-        with open(f, encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue
-                    n += isinstance(obj, dict) and bool(type_problem(obj))
-    return n
+    return sum(1 for _, _, obj, problem in parsed_lines(files) if not problem and type_problem(obj))
