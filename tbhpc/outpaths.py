@@ -31,7 +31,7 @@ OWNED: dict[str, tuple[str, ...]] = {
             "results.duckdb", "results.duckdb.wal", "results.duckdb.damaged-*", "results.duckdb.tmp", ".merge.lock",
             "slurm", ".tmp-*", "report", "buffers",
             "checkpoints", "ds_checkpoints", "exports", "evals", "tensorboard", "serve.yaml", "train.yaml",
-            "vllm-server.log"),
+            "vllm-server.log", "endpoint.json"),     # the last: the serving job of a training run may start first
 }
 
 
