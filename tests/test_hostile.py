@@ -213,7 +213,6 @@ CASES = [
     ("serve-tp", ["serve", "srv", "--dry-run", "model=folder", "tensor_parallel_size=0"], 2, ["tensor_parallel_size"]),
     ("serve-dtype", ["serve", "srv", "--dry-run", "model=folder", "dtype=float128"], 2, ["'dtype'", "float128"]),
     ("serve-port", ["serve", "srv", "--dry-run", "model=folder", "port=99999"], 2, ["'port'", "99999"]),
-    ("serve-model-missing", ["serve", "srv", "--dry-run", "model=./nothing"], 2, ["'model'", "nothing"]),
     ("serve-check-dead", ["serve-check", "--url", "http://127.0.0.1:9", "--checkpoint", "folder"], 2,
      ["http://127.0.0.1:9", "no vLLM server answers"]),
     ("submit-slurm-time", ["submit", "eval", "--out", "new", "--dry-run", "slurm={time: forever}"], 2, ["'time'"]),

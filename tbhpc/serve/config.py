@@ -60,8 +60,8 @@ class ServeConfig:
         from tbhpc.errors import UserError
         if not self.model:
             raise UserError(f"{source}: field 'model' is required (an HF model directory)")
-        if self.model.startswith(("/", ".", "~")) and not Path(self.model).expanduser().is_dir():
-            raise UserError(f"{source}: field 'model': {self.model} is not a directory (an HF model directory)")
+        # `model` is not checked for existence here: a serving job may read it from a node-local
+        # disk the submitting host does not see (the server says so itself when it starts)
         if self.sync_mode not in ("reload", "restart"):
             raise UserError(f"{source}: field 'sync_mode' must be reload or restart, got {self.sync_mode!r}")
         if self.reload_method not in ("tbhpc", "vllm"):
