@@ -2,18 +2,31 @@
 beyond turning flags into objects and results into text or JSON."""
 from __future__ import annotations
 
-import argparse
 import os
+import signal
 import sys
-from pathlib import Path
-from typing import Any
 
-from tbhpc.config import yaml_value
-from tbhpc.crash import EXIT_INTERNAL, crash_line
-from tbhpc.errors import TbhpcError, UserError
-from tbhpc import interrupts
-from tbhpc.interrupts import EXIT_INTERRUPTED
-from tbhpc.outpaths import out_arg
+
+def _interrupted_while_starting(signum, frame) -> None:  # pragma: no cover - a subprocess's first second
+    sys.stderr.write("\ntbhpc: interrupted while starting (nothing was run)\n")
+    os._exit(130)
+
+
+# A Ctrl-C while the command's modules still import (up to a second) ends it in one line; main()
+# installs the real handler first thing. Only when this process is the `tbhpc` command.
+if __name__ == "__main__" or os.path.basename(sys.argv[0] or "") == "tbhpc":
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+import argparse  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from tbhpc import interrupts  # noqa: E402
+from tbhpc.config import yaml_value  # noqa: E402
+from tbhpc.crash import EXIT_INTERNAL, crash_line  # noqa: E402
+from tbhpc.errors import TbhpcError, UserError  # noqa: E402
+from tbhpc.interrupts import EXIT_INTERRUPTED  # noqa: E402
+from tbhpc.outpaths import out_arg  # noqa: E402
 
 
 def _opts(pairs: list[str]) -> dict[str, Any]:
@@ -99,18 +112,18 @@ def add_agent_flags(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    # key=value overrides may follow options (argparse hands them back as unknown)
-    if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
-        args.overrides = list(args.overrides) + extra
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     interrupts.install()
-    if args.cmd == "train":     # the trainer and its in-process generator thread: tbhpc/openmp.py
-        from tbhpc.openmp import keep_workers_spinning
-        keep_workers_spinning()
     try:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        # key=value overrides may follow options (argparse hands them back as unknown)
+        if extra and hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
+            args.overrides = list(args.overrides) + extra
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        if args.cmd == "train":     # the trainer and its in-process generator thread: tbhpc/openmp.py
+            from tbhpc.openmp import keep_workers_spinning
+            keep_workers_spinning()
         if args.cmd == "tasks":
             from tbhpc import cli_tasks
             return cli_tasks.run(args)
@@ -152,16 +165,20 @@ def main(argv: list[str] | None = None) -> int:
             return demo.run(args)
     except TbhpcError as exc:
         print(f"tbhpc: error: {exc}", file=sys.stderr)
+        if isinstance(exc, interrupts.Interrupted):
+            interrupts.exit_on_next_interrupt()
         return getattr(exc, "exit_code", 2)
     except BrokenPipeError:  # `tbhpc tasks list | head`
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
         print("\ntbhpc: interrupted (what finished is saved; re-run the same command to resume)", file=sys.stderr)
+        interrupts.exit_on_next_interrupt()
         return EXIT_INTERRUPTED
     except Exception as exc:  # a bug: one line here, the whole traceback in a file
         if interrupts.pending():  # e.g. DuckDB turns an interrupt into its own InterruptException
             print("\ntbhpc: interrupted (what finished is saved; re-run the same command to resume)", file=sys.stderr)
+            interrupts.exit_on_next_interrupt()
             return EXIT_INTERRUPTED
         from tbhpc.store.health import damage_error, is_damage
         if is_damage(exc):       # DuckDB found a damaged block in the middle of a command
@@ -174,5 +191,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def entry() -> None:
+    """The `tbhpc` command. An interrupted command leaves at once once it has said so: its workers
+    are stopped and its results merged, and interpreter shutdown after an interrupt that landed
+    mid-import was seen (rarely) to die of a late KeyboardInterrupt instead of exiting 130."""
+    code = main()
+    if code == EXIT_INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -273,3 +273,21 @@ def test_a_damaged_results_file_is_rebuilt_from_its_shards(world, tmp_path, monk
     con.close()
     assert rows[0] == rows[1] == 1200
     assert list(run.glob("results.duckdb.damaged-*")), "the damaged file is kept aside"
+
+
+def test_every_read_only_results_connection_is_sealed(world):
+    """Not only `tbhpc sql`'s: a read-only connection the project opens reads no other file and
+    cannot unlock itself (validate and export, which read or write files, ask for it by name)."""
+    import duckdb
+
+    from tbhpc.store.merge import connect
+    from tbhpc.store.run_dir import RunDir
+    con = connect(RunDir(world / "run"), read_only=True)
+    try:
+        assert con.execute("SELECT count(*) FROM attempts").fetchone()[0] == 8
+        with pytest.raises(duckdb.Error, match="disabled"):
+            con.execute(f"SELECT * FROM read_text('{world / 'notes.txt'}')").fetchall()
+        with pytest.raises(duckdb.Error, match="locked"):
+            con.execute("SET enable_external_access = true")
+    finally:
+        con.close()

@@ -54,7 +54,7 @@ def validate(run: RunDir, task_ids: list[str] | None = None, repeats: int | None
             plan = {t: repeats for t in plan}
     if not run.db.exists():
         return Validation(sum(plan.values()), 0, missing=sorted((t, i) for t, n in plan.items() for i in range(n)))
-    con = connect(run, read_only=True)
+    con = connect(run, read_only=True, files=True)   # an external key list is read from a file
     external = None
     try:
         check_every_block(con, run.db)   # damage anywhere in the file, not only where these queries read

@@ -201,7 +201,7 @@ _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 def export_parquet(db: Path, out: Path) -> list[Path]:
     """Every table (and the task_stats view) of one run as `OUT/<table>.parquet`."""
-    con = open_results(db, read_only=True)
+    con = open_results(db, read_only=True, files=True)   # it writes the Parquet files
     written = []
     try:
         names = [r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' "

@@ -51,18 +51,25 @@ def damaged(db: Path, exc: BaseException | str) -> DamagedResults:
                           f"`tbhpc merge {run} --rebuild`")
 
 
-def open_results(db: Path | str, read_only: bool = True, config: dict | None = None) -> duckdb.DuckDBPyConnection:
-    """duckdb.connect for a run's results file: damage is one line naming the file."""
+def open_results(db: Path | str, read_only: bool = True, config: dict | None = None,
+                 files: bool = False) -> duckdb.DuckDBPyConnection:
+    """duckdb.connect for a run's results file: damage is one line naming the file. A read-only
+    connection is also sealed as `tbhpc sql`'s is (external access off, configuration locked)
+    unless `files`: the caller reads or writes files through it (validate's key list, export)."""
     db = Path(db)
     if db in _opened:
         _opened.remove(db)
     _opened.append(db)
     try:
-        return duckdb.connect(str(db), read_only=read_only, config=config or {})
+        con = duckdb.connect(str(db), read_only=read_only, config=config or {})
     except duckdb.Error as exc:
         if is_damage(exc):
             raise damaged(db, exc) from None
         raise
+    if read_only and not files:
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    return con
 
 
 def check_every_block(con: duckdb.DuckDBPyConnection, db: Path | str) -> int:

@@ -77,9 +77,10 @@ def insert_rows(con, table: str, rows: list[dict], columns: dict[str, str], repl
         os.unlink(f.name)
 
 
-def connect(run: RunDir, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+def connect(run: RunDir, read_only: bool = False, files: bool = False) -> duckdb.DuckDBPyConnection:
+    """`read_only`: sealed (no files read or written through it) unless `files` (health.open_results)."""
     if read_only:
-        return open_results(run.db, read_only=True)
+        return open_results(run.db, read_only=True, files=files)
     con = open_results(run.db, read_only=False, config=WRITE_CONFIG)
     con.execute("SET enable_progress_bar = false")
     con.execute(DDL)
