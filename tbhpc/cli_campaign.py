@@ -89,9 +89,8 @@ def run(args) -> int:
         for line in rep.lines():
             console.print(f"[red]error[/]: {line}")
         print(f"{args.run}: rebuilt from {rep.new_shards} shard(s): {rep.rows} attempt row(s){steps}"
-              + (f"; the old file is {aside.name}" if aside else ""))
-        print("  (pools written by `tbhpc select` keep their files; re-run select to store them in the run again)"
-              if aside else "", end="\n" if aside else "")
+              + (f"; the old file is {aside.name} (re-run `tbhpc select` to store its pools in the run again)"
+                 if aside else ""))
         return 1 if rep.quarantined else 0
     if args.cmd == "merge":
         from tbhpc.store.merge import merge

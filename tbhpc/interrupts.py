@@ -121,25 +121,6 @@ def _exit_now(signum, frame) -> None:  # pragma: no cover - exercised through a 
         os._exit(EXIT_INTERRUPTED)
 
 
-def _exit_quietly(signum, frame) -> None:  # pragma: no cover - exercised through a subprocess
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-    os._exit(EXIT_INTERRUPTED)
-
-
-def exit_on_next_interrupt() -> None:
-    """Once a command has reported its interrupt it only has to return: a later SIGINT (another
-    Ctrl-C, or one a C extension re-raises after swallowing the first: DuckDB does) ends the
-    process with the same status instead of a KeyboardInterrupt escaping at the top."""
-    try:
-        signal.signal(signal.SIGINT, _exit_quietly)
-    except ValueError:
-        pass
-
-
 @contextmanager
 def second_interrupt_exits() -> Iterator[None]:
     """Within the block, SIGINT kills the children and exits the process at once."""

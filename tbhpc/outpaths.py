@@ -35,6 +35,10 @@ OWNED: dict[str, tuple[str, ...]] = {
 }
 
 
+# probe and eval runs are both campaigns: which one a folder holds is the identity check's to say
+CAMPAIGN_KINDS = {"probe", "eval"}
+
+
 def out_arg(text: str) -> Path:
     """argparse `type=` for output paths: an empty or blank value is an error (Path('') is '.')."""
     import argparse
@@ -48,20 +52,27 @@ def _foreign(folder: Path, kind: str) -> list[str]:
     return sorted(e.name for e in folder.iterdir() if not any(fnmatch.fnmatch(e.name, p) for p in pats))
 
 
-def _not_a_folder(path: Path, flag: str) -> None:
-    if path.exists() and not path.is_dir():
-        raise UserError(f"{flag} {path}: is a file, not a folder")
+def _listing(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _parents_are_folders(path: Path, flag: str) -> None:
     for parent in path.parents:
         if parent.exists() and not parent.is_dir():
             raise UserError(f"{flag} {path}: {parent} is a file, not a folder")
+
+
+def _not_a_folder(path: Path, flag: str) -> None:
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {path}: is a file, not a folder")
+    _parents_are_folders(path, flag)
 
 
 def check_output_folder(path: Path, kind: str, flag: str = "--out", force: bool = False) -> Path:
     """A folder for an output of `kind` (a key of OWNED): missing, empty, or a previous one."""
     _not_a_folder(path, flag)
     if path.is_dir() and not force and (foreign := _foreign(path, kind)):
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise UserError(f"{flag} {path}: not empty and not a previous {kind} output (it holds {shown}); "
+        raise UserError(f"{flag} {path}: not empty and not a previous {kind} output (it holds {_listing(foreign)}); "
                         f"choose a new folder, or add --force to write into it anyway")
     return path
 
@@ -82,22 +93,16 @@ def check_run_folder(path: Path, kind: str | None = None, flag: str = "--out") -
             raise UserError(f"{flag} {path}: holds a run of kind {have!r}, not {kind!r}; use a new folder")
         return path
     if foreign := _foreign(path, "run"):
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise UserError(f"{flag} {path}: not empty and not a run directory (it holds {shown}); use a new or empty folder")
+        raise UserError(f"{flag} {path}: not empty and not a run directory (it holds {_listing(foreign)}); "
+                        f"use a new or empty folder")
     return path
-
-
-# probe and eval runs are both campaigns: which one a folder holds is the identity check's to say
-CAMPAIGN_KINDS = {"probe", "eval"}
 
 
 def check_output_file(path: Path, is_ours, flag: str = "--out", force: bool = False) -> Path:
     """A file to (re)write: missing, or one `is_ours(path)` recognises as this command's output."""
     if path.is_dir():
         raise UserError(f"{flag} {path}: is a folder, not a file")
-    for parent in path.parents:
-        if parent.exists() and not parent.is_dir():
-            raise UserError(f"{flag} {path}: {parent} is a file, not a folder")
+    _parents_are_folders(path, flag)
     if path.exists() and not force and not is_ours(path):
         raise UserError(f"{flag} {path}: exists and was not written by this command; choose another name, "
                         f"or add --force to replace it")

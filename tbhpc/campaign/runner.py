@@ -21,9 +21,9 @@ from tbhpc.campaign.executors import Executor, LocalExecutor
 from tbhpc.config import resolved
 from tbhpc.env.registry import preflight
 from tbhpc.errors import UserError
-from tbhpc.outpaths import check_run_folder
 from tbhpc.interrupts import Interrupted, second_interrupt_exits
 from tbhpc.interrupts import check as check_interrupt
+from tbhpc.outpaths import check_run_folder
 from tbhpc.store.merge import MergeReport, connect, merge
 from tbhpc.store.run_dir import RunDir
 
