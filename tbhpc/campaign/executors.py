@@ -4,6 +4,7 @@ chunk is always executed by `Worker(run_path).run_chunk(keys)` and lands in its 
 """
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -64,6 +65,8 @@ class LocalExecutor:
                 stop_children()
                 if pool is not None:
                     pool.shutdown(wait=True)  # the workers are gone: this only joins the pool's own thread
+                pool = None               # its queues' semaphores are released now, not leaked at exit
+                gc.collect()
             raise
         pool.shutdown(wait=True)
 
