@@ -17,12 +17,24 @@ before the reload and whose weight is still there gets its post-load dispatch re
 whose closure is stale and whose weight vLLM already freed cannot be refreshed here, and the
 reload says so (the supervisor then restarts the server, which is exact by construction).
 On GPU no layer has `cpu_linear`; the extension only reloads and reports "gpu".
+
+`tbhpc_digest` = exact digests of every weight as this worker computes with it (parameters and
+packed kernel copies, named like the checkpoint's tensors: `tbhpc_served_digest.py`), which the
+supervisor compares with the digests the publisher wrote into the ready marker.
+
+Test-only faults (environment of the server process, never set in production): TBHPC_TEST_FAULT
+= `skip_reload` (a reload that reads nothing: the server keeps its old weights) or
+`flip:<checkpoint tensor name>` (after each reload, one element of that tensor moves by one ulp
+in the served copy: the parameter, or the packed kernel copy where the parameter was freed).
 Runs inside the vLLM environment: imports only torch and vLLM, lazily.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
+
+FAULT_ENV = "TBHPC_TEST_FAULT"
 
 
 def kernel_path(layer) -> str | None:
@@ -57,13 +69,22 @@ class WeightSync:
         dtype = str(self.vllm_config.model_config.dtype).removeprefix("torch.")
         return {"paths": dict(paths), "dtype": dtype}
 
+    def tbhpc_digest(self) -> dict:
+        """Digests of the weights this worker computes with (see tbhpc_served_digest)."""
+        from tbhpc_served_digest import served_digests
+        parallel = self.vllm_config.parallel_config
+        tp = int(parallel.tensor_parallel_size) * int(getattr(parallel, "pipeline_parallel_size", 1))
+        return served_digests(self.model_runner.get_model(), self.vllm_config.model_config.dtype, kernel_path, tp)
+
     def tbhpc_reload(self, weights_path: str) -> dict:
         from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
         t0 = time.perf_counter()
         model = self.model_runner.get_model()
+        fault = os.environ.get(FAULT_ENV, "")
         before = {name: getattr(m, "cpu_linear", None) for name, m in model.named_modules()}
-        self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
+        if fault != "skip_reload":
+            self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
         t1 = time.perf_counter()
         refreshed, stale = [], []
         for name, m in model.named_modules():
@@ -75,10 +96,42 @@ class WeightSync:
                 refreshed.append(name)
             else:
                 stale.append(name)
+        if fault.startswith("flip:"):
+            _flip_one(model, fault.removeprefix("flip:"), self.vllm_config.model_config.dtype)
         report = self.tbhpc_kernel_paths()
         report.update({"refreshed": refreshed, "stale": stale, "reload_s": round(t1 - t0, 4),
                        "refresh_s": round(time.perf_counter() - t1, 4)})
+        if fault:
+            report["test_fault"] = fault
         if stale:
             raise RuntimeError(f"tbhpc_reload: {len(stale)} layer(s) keep packed copies of the old weights and "
                                f"cannot be re-packed in place ({', '.join(stale[:4])}); restart the server")
         return report
+
+
+
+def _flip_one(model, tensor: str, dtype) -> None:
+    """Test-only: move one element of checkpoint tensor `tensor` by one ulp in the served copy."""
+    import torch
+    from tbhpc_digest import _BITS
+    from tbhpc_served_digest import _row_shards, read_kernel_weight
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    mod_name, _, pname = tensor.rpartition(".")
+    head, _, last = mod_name.rpartition(".")
+    packed = dict(getattr(model, "packed_modules_mapping", None) or {})
+    fused = next((k for k, subs in packed.items() if last in subs), None)
+    holder = f"{head}.{fused}" if fused else mod_name      # the module whose tensor holds those rows
+    module = model.get_submodule(holder)
+    param = getattr(module, pname)
+    rows = sum(getattr(module, "output_partition_sizes", None) or [param.shape[0] if param.ndim else 1])
+    row0 = next(r0 for base, r0, _ in _row_shards(holder, module, rows, packed) if base == mod_name)
+    ints, _, exponent, _ = _BITS[dtype]
+    if param.numel():                           # the parameter is what the layer reads
+        flat = param.data[row0:].view(ints).reshape(-1)
+        flat[int(torch.nonzero(flat & exponent)[0])] ^= 1      # a normal number's last mantissa bit
+        return
+    weight = torch.cat([w for _, w in read_kernel_weight(module, dtype)], dim=1).contiguous()
+    weight.view(ints)[row0, 0] ^= 1             # a packed copy: rebuild it from the moved weight
+    module.weight = torch.nn.Parameter(weight, requires_grad=False)
+    dispatch_cpu_unquantized_gemm(module, remove_weight=True)
