@@ -61,18 +61,18 @@ def _submit(cfg, run_dir: Path, dry_run: bool) -> int:
 
 
 def add_check_parser(sub) -> None:
-    p = sub.add_parser("serve-check", help="verify a server computes the weights it claims (fingerprint probe)")
+    p = sub.add_parser("serve-check", help="verify a server computes the weights it claims (exact weight digests + fingerprint probe)")
     p.add_argument("run", nargs="?", type=Path, help="run directory of `tbhpc serve` (endpoint.json, checkpoint markers)")
     p.add_argument("--url", help="a vLLM server you run yourself (http://host:port), instead of RUN")
     p.add_argument("--model", default="", help="served model name (default: the first of /v1/models)")
     p.add_argument("--checkpoint", type=Path,
-                   help="the HF directory it should serve (fingerprinted here on the CPU); default: the run's marker")
+                   help="the HF directory it should serve (digested and fingerprinted here on the CPU); default: the run's marker")
     p.add_argument("--tol", type=float_in(0, 100), default=0.0, help="mean |Δ logprob| allowed (default: by dtype)")
     p.add_argument("--format", choices=("text", "json"), default="text")
 
 
 def run_check(args) -> int:
-    """Print served version, probe error, PASS/FAIL; exit 0 on a match, 1 on a mismatch."""
+    """Print served version, probe errors, digest comparison, PASS/FAIL; exit 0 on a match, 1 on a mismatch."""
     import json
 
     from tbhpc.serve.verify import check_endpoint

@@ -1,10 +1,11 @@
 """Verified weight syncs without a server: fingerprints, ready markers, trusted versions, waiting for
 a version, and the supervisor's decisions (reload -> check -> restart -> check -> refuse).
 
-The supervisor tests replace the vLLM process with `FakeServer` (it records what it "loaded";
-the check compares that with the marker) because a real server takes a minute to start; the real
-thing, with real kernels and real mismatches, is tests/test_vllm.py. Everything else is real:
-markers on disk, endpoint.json, logs/weight_sync.jsonl.
+The supervisor tests replace the vLLM process with `FakeServer` (it records what it "loaded"; its
+digest RPC reports that checkpoint's digest, or another one for a damaged copy, and its probe
+score is set per case) because a real server takes a minute to start; the real thing, with real
+kernels and real mismatches, is tests/test_vllm.py. Everything else is real: the comparison of
+digests, markers on disk, endpoint.json, logs/weight_sync.jsonl.
 """
 import json
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tbhpc.errors import EndpointError, UserError
 from tbhpc.policy.generation import recompute_logprobs
 from tbhpc.serve import supervisor as sup_mod
+from tbhpc.serve import verify as verify_mod
 from tbhpc.serve.checkpoints import (latest_ready, mark_ready, publish_checkpoint, published, read_syncs,
                                      trusted_version, version_step)
 from tbhpc.serve.config import ServeConfig
@@ -112,28 +114,39 @@ class FakeServer:
         self.stopped = True
 
 
-def _supervisor(tmp_path, monkeypatch, stale_reload=False, corrupt=(), **cfg):
+def _digest(path: str) -> str:
+    return f"{abs(hash(path)) & (2**64 - 1):016x}"
+
+
+def _supervisor(tmp_path, monkeypatch, stale_reload=False, corrupt=(), probe_err=None, dtype="float32", **cfg):
     """A Supervisor over FakeServers; `corrupt`: checkpoint paths whose weights on disk do not
-    match their marker (a damaged copy): every server that loads them fails the check."""
+    match their marker (a damaged copy): every server that loads them holds other digests.
+    `probe_err`: the probe's mean error whatever is loaded (default: 0 on a match, 0.3 otherwise)."""
     servers = []
     s = sup_mod.Supervisor(tmp_path, ServeConfig(model="/base", device="cpu", **cfg), log=lambda m: None)
 
     def launch(model, port):
         s.server = FakeServer(model, port=port or 9000, stale_reload=stale_reload, proc=FakeProc(100 + len(servers)))
         servers.append(s.server)
-        s.kernels = {"paths": {"onednn": 10}, "dtype": "float32"}
+        s.kernels = {"paths": {"onednn": 10}, "dtype": dtype}
 
-    def check(base_url, model, fp, version, tol):
+    def served_digest(base_url):
+        held = s.server.loaded + ("#damaged" if s.server.loaded in corrupt else "")
+        return {"dtype": dtype, "digest_s": 0.01, "tensors": {"w": {"shape": [2], "kernel": _digest(held)}}}
+
+    def probe(base_url, model, fp, version, tol):
         ok = s.server.loaded == str(s.current.path) and s.server.loaded not in corrupt
-        return Check(version, 0.0 if ok else 0.6, 0.0 if ok else 0.3, tol, len(fp.logprobs), 0.01)
+        err = probe_err if probe_err is not None else (0.0 if ok else 0.3)
+        return Check(version, 2 * err, err, tol, len(fp.logprobs), 0.01, [-1.0 - err, -2.0])
 
     monkeypatch.setattr(s, "_launch", launch)
-    monkeypatch.setattr(sup_mod, "check_server", check)
+    monkeypatch.setattr(verify_mod, "served_digest", served_digest)
+    monkeypatch.setattr(verify_mod, "check_server", probe)
     s.start()
     return s, servers
 
 
-def _publish(tmp_path, step, fingerprint=True):
+def _publish(tmp_path, step, fingerprint=True, digests=("float32",)):
     path = tmp_path / "checkpoints" / f"step-{step:06d}"
     path.mkdir(parents=True)
     fp = Fingerprint([1, 2, 3], [-1.0, -2.0], "float32") if fingerprint else None
@@ -141,7 +154,8 @@ def _publish(tmp_path, step, fingerprint=True):
         marker = tmp_path / "checkpoints" / f"step-{step:06d}.ready"
         marker.write_text(json.dumps({"step": step, "path": str(path), "published_at": 0.0}))
         return str(path)
-    mark_ready(tmp_path, step, path, fp)
+    mark_ready(tmp_path, step, path, fp, {dt: {"dtype": dt, "tensors": {"w": _digest(str(path.resolve()))},
+                                               "total": "t"} for dt in digests})
     return str(path)
 
 
@@ -151,6 +165,7 @@ def test_an_exact_reload_is_checked_then_announced(tmp_path, monkeypatch):
     _publish(tmp_path, 1)
     entry = s.sync_if_new()
     assert entry["mode"] == "reload" and entry["verified"] is True and entry["probe_version"] == "unverified:step-000001"
+    assert entry["digest_equal"] is True and entry["digest_tensors"] == 1 and entry["digest_kernel_copies"] == 1
     assert entry["reload"] == {"refreshed": ["lm_head"]} and entry["kernels"]["paths"] == {"onednn": 10}
     assert read_endpoint(tmp_path).version == "step-000001" and len(servers) == 1
     assert s.sync_if_new() is None                                  # nothing newer: nothing happens
@@ -162,6 +177,7 @@ def test_an_inexact_reload_falls_back_to_a_restart_that_is_checked_too(tmp_path,
     entry = s.sync_if_new()
     assert entry["mode"] == "restart" and entry["verified"] is True
     assert entry["attempts"][0]["mode"] == "reload" and entry["attempts"][0]["error"].startswith("FAIL")
+    assert "digest: DIFFERS (float32): w (packed kernel copy" in entry["attempts"][0]["error"]
     assert len(servers) == 2 and servers[0].stopped and servers[1].loaded == path and servers[1].port == 9000
     ep = read_endpoint(tmp_path)
     assert ep.version == "step-000001" and ep.pid == 101 and ep.model_path == path
@@ -175,7 +191,8 @@ def test_a_checkpoint_that_never_matches_is_refused_not_announced(tmp_path, monk
     _publish(tmp_path, 2)
     entry = s.sync_if_new()
     assert entry["verified"] is False and entry["served_as"] == "rejected:step-000002" and entry["mode"] == "restart"
-    assert entry["probe_mean_err"] == 0.3 and entry["probe_tol"] == default_tol("float32")   # both figures kept
+    assert entry["probe_mean_err"] == 0.3 and entry["probe_tol"] == default_tol("float32")   # every figure kept
+    assert entry["digest_equal"] is False and entry["digest_mismatch"].startswith("w (packed kernel copy")
     assert read_endpoint(tmp_path).version == "rejected:step-000002" == servers[-1].version
     assert "REFUSED" in capsys.readouterr().err
     assert [e["verified"] for e in read_syncs(tmp_path)] == [True, False]
@@ -190,13 +207,51 @@ def test_a_checkpoint_without_fingerprint_is_refused_unless_verify_is_off(tmp_pa
     s, servers = _supervisor(tmp_path / "a", monkeypatch)
     _publish(tmp_path / "a", 1, fingerprint=False)
     entry = s.sync_if_new()
-    assert entry["verified"] is False and "no fingerprint" in entry["error"] and entry["mode"] == "none"
+    assert entry["verified"] is False and "no usable fingerprint" in entry["error"] and entry["mode"] == "none"
     assert servers[0].loaded == "/base" and len(servers) == 1            # nothing loaded, nothing restarted
     assert read_endpoint(tmp_path / "a").version == "rejected:step-000001"
     s, _ = _supervisor(tmp_path / "b", monkeypatch, verify=False)
     _publish(tmp_path / "b", 1, fingerprint=False)
     entry = s.sync_if_new()
     assert entry["verified"] is None and read_endpoint(tmp_path / "b").version == "step-000001"
+
+
+def test_a_server_that_never_reloaded_passes_the_probe_but_not_the_digest(tmp_path, monkeypatch):
+    """The case the probe cannot catch: consecutive bf16 versions closer than its tolerance. A
+    reload that kept the old weights scores within tolerance (0.05 < 0.1) yet is refused, and with
+    on_mismatch=refuse nothing is restarted: the server says rejected:step-N at once."""
+    s, servers = _supervisor(tmp_path, monkeypatch, stale_reload=True, reload_method="vllm", probe_err=0.05,
+                             dtype="bfloat16", on_mismatch="refuse")
+    _publish(tmp_path, 1, digests=("bfloat16",))
+    entry = s.sync_if_new()
+    assert entry["probe_mean_err"] <= entry["probe_tol"] == default_tol("bfloat16")    # the probe alone: "verified"
+    assert entry["verified"] is False and entry["digest_equal"] is False and entry["mode"] == "reload"
+    assert entry["error"].startswith("FAIL: serves unverified:step-000001") and "digest: DIFFERS" in entry["error"]
+    assert "probe_prev_mean_err" not in entry                      # no previous version: nothing to compare with
+    assert len(servers) == 1 and read_endpoint(tmp_path).version == "rejected:step-000001"
+    with pytest.raises(EndpointError, match="refused weights step-000001: FAIL.*digest: DIFFERS"):
+        wait_for_version(tmp_path, "step-000001", timeout_s=1)
+
+
+def test_the_marker_must_carry_a_digest_in_the_served_dtype(tmp_path, monkeypatch):
+    s, servers = _supervisor(tmp_path, monkeypatch, dtype="bfloat16")
+    _publish(tmp_path, 1, digests=("float32",))
+    entry = s.sync_if_new()
+    assert entry["verified"] is False and entry["mode"] == "none" and servers[0].loaded == "/base"
+    assert "no weight digest for bfloat16, the dtype this server computes in (it has: float32)" in entry["error"]
+    with pytest.raises(UserError, match="field 'on_mismatch' must be restart or refuse"):
+        ServeConfig(model="/m", on_mismatch="retry").validate()
+
+
+def test_a_server_that_cannot_digest_is_checked_by_the_probe_alone(tmp_path, monkeypatch):
+    s, _ = _supervisor(tmp_path, monkeypatch)
+    monkeypatch.setattr(verify_mod, "served_digest", lambda url: {"unsupported": "tensor_parallel_size 8: the digest covers 1 only"})
+    _publish(tmp_path, 1)
+    s.sync_if_new()
+    _publish(tmp_path, 2)
+    entry = s.sync_if_new()
+    assert entry["verified"] is True and entry["digest_equal"] is None and "tensor_parallel_size 8" in entry["digest_unsupported"]
+    assert entry["probe_prev_mean_err"] == 0.0 and entry["step_delta"] == 0.0   # served vs previous, reported
 
 
 def test_a_restarted_serve_job_checks_the_checkpoint_it_resumes_on(tmp_path, monkeypatch):

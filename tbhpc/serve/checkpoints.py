@@ -3,12 +3,14 @@
 Protocol (both sides import only this module):
 1. the trainer writes an HF checkpoint (safetensors + config + tokenizer) to
    `RUN/checkpoints/.tmp-step-NNNNNN/` and renames it to `step-NNNNNN/` (a directory is whole or absent);
-2. it then writes the marker `step-NNNNNN.ready` (JSON: step, path, published_at, and the
-   checkpoint's fingerprint: a fixed probe and its own logprobs on it, see `fingerprint.py`);
+2. it then writes the marker `step-NNNNNN.ready` (JSON: step, path, published_at, the exact
+   digests of the weights it wrote, cast to the dtype the server computes in (`digest.py`), and
+   the checkpoint's fingerprint: a fixed probe and its own logprobs on it, `fingerprint.py`);
 3. the server's supervisor sees the newest marker, loads those weights under the provisional
-   version `unverified:step-NNNNNN`, scores the probe through the server, and only when it
-   matches announces `step-NNNNNN` (endpoint.json, `/v1/models`, every generated token span);
-   a mismatch leaves `rejected:step-NNNNNN` there instead.
+   version `unverified:step-NNNNNN`, digests what the server now holds and scores the probe
+   through it, and only when the digests are identical and the probe matches announces
+   `step-NNNNNN` (endpoint.json, `/v1/models`, every generated token span); a mismatch leaves
+   `rejected:step-NNNNNN` there instead.
 Each sync is timed and appended to `RUN/logs/weight_sync.jsonl` with the check's figures.
 Samples tagged with anything but `base` or `step-N` are never trained on (`trusted_version`).
 Why files and not NCCL: it works across jobs, partitions and restarts, survives either side
@@ -25,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tbhpc.serve.fingerprint import Fingerprint, compute_fingerprint, fingerprint_dir
+from tbhpc.serve.digest import model_digests, served_dtypes
+from tbhpc.serve.fingerprint import Fingerprint, compute_fingerprint, load_checkpoint
 
 CKPT_DIR = "checkpoints"
 BASE_VERSION = "base"
@@ -56,6 +59,7 @@ class Published:
     path: Path
     published_at: float
     fingerprint: dict | None = None     # Fingerprint.to_json(), None when the publisher stored none
+    digests: dict | None = None         # {dtype: digest.state_digest(...)}, None when the publisher stored none
 
     @property
     def version(self) -> str:
@@ -63,11 +67,19 @@ class Published:
 
 
 def publish_checkpoint(run_dir: Path | str, step: int, model: Any, tokenizer: Any = None,
-                       fingerprint: Fingerprint | None = None) -> Published:
-    """Save `model` (and tokenizer) with save_pretrained as safetensors, fingerprint it (one forward
-    pass on the probe, unless the caller computed `fingerprint` itself), then mark it ready."""
+                       fingerprint: Fingerprint | None = None, state_dict: dict | None = None) -> Published:
+    """Save `model` (and tokenizer) with save_pretrained as safetensors, digest what was written
+    (in the dtype the run's server computes in), fingerprint it (one forward pass on the probe,
+    unless the caller computed `fingerprint` itself), then mark it ready. `state_dict`: the
+    gathered tensors of a trainer whose parameters are sharded (they are what gets written)."""
     fp = fingerprint or compute_fingerprint(model, tokenizer)
-    return mark_ready(run_dir, step, write_checkpoint(run_dir, step, model, tokenizer), fp)
+    digests = model_digests(model, served_dtypes(run_dir, _dtype_name(model, state_dict)), state_dict)
+    return mark_ready(run_dir, step, write_checkpoint(run_dir, step, model, tokenizer, state_dict), fp, digests)
+
+
+def _dtype_name(model: Any, state_dict: dict | None) -> str:
+    first = next(iter(state_dict.values()), None) if state_dict else None
+    return str(getattr(first, "dtype", None) or getattr(model, "dtype", "float32")).removeprefix("torch.")
 
 
 def write_checkpoint(run_dir: Path | str, step: int, model: Any, tokenizer: Any = None,
@@ -88,17 +100,22 @@ def write_checkpoint(run_dir: Path | str, step: int, model: Any, tokenizer: Any 
     return final
 
 
-def mark_ready(run_dir: Path | str, step: int, path: Path | str, fingerprint: Fingerprint | None = None) -> Published:
+def mark_ready(run_dir: Path | str, step: int, path: Path | str, fingerprint: Fingerprint | None = None,
+               digests: dict | None = None) -> Published:
     """Step 2 alone, for a checkpoint directory written by other code (e.g. DeepSpeed's
-    consolidation). Without `fingerprint`, one is computed from the directory (loaded on the CPU)."""
-    fp = fingerprint or fingerprint_dir(str(path))
+    consolidation). What the caller does not pass (fingerprint, digests) is computed from the
+    directory, loaded once on the CPU."""
+    if fingerprint is None or digests is None:
+        model, tok = load_checkpoint(str(path))
+        fingerprint = fingerprint or compute_fingerprint(model, tok)
+        digests = digests or model_digests(model, served_dtypes(run_dir, _dtype_name(model, None)))
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
-    pub = Published(step, Path(path).resolve(), time.time(), fp.to_json())
+    pub = Published(step, Path(path).resolve(), time.time(), fingerprint.to_json(), digests)
     marker = root / f"{version_name(step)}.ready"
     tmp = marker.with_name(f".tmp-{marker.name}")
     tmp.write_text(json.dumps({"step": step, "path": str(pub.path), "published_at": pub.published_at,
-                               "fingerprint": pub.fingerprint}) + "\n")
+                               "digests": pub.digests, "fingerprint": pub.fingerprint}) + "\n")
     os.replace(tmp, marker)
     return pub
 
@@ -121,7 +138,8 @@ def published(run_dir: Path | str, step: int) -> Published | None:
 def _read_marker(marker: Path) -> Published | None:
     try:
         d = json.loads(marker.read_text())
-        return Published(int(d["step"]), Path(d["path"]), float(d["published_at"]), d.get("fingerprint"))
+        return Published(int(d["step"]), Path(d["path"]), float(d["published_at"]), d.get("fingerprint"),
+                         d.get("digests"))
     except (ValueError, KeyError, OSError):
         return None   # absent, or half-visible on a slow shared FS: picked up next poll
 

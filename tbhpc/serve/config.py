@@ -50,8 +50,11 @@ class ServeConfig:
     # "vllm" = vLLM's reload_weights alone (inexact on CPUs whose kernels pack weights; kept
     # to measure against). Either way the check below catches what is not exact.
     reload_method: str = "tbhpc"
-    verify: bool = True                  # score each checkpoint's fingerprint through the server before announcing it
-    verify_tol: float = 0.0              # mean |Δ logprob| allowed; 0: by dtype (serve/fingerprint.py TOLERANCE)
+    verify: bool = True                  # check each sync (exact weight digests + fingerprint probe) before announcing it
+    verify_tol: float = 0.0              # probe's mean |Δ logprob| allowed; 0: by dtype (serve/fingerprint.py TOLERANCE)
+    # a reload that fails its check: "restart" a fresh server on the checkpoint and check that
+    # (exact unless the files are damaged), or "refuse" it at once (a large model's restart costs minutes)
+    on_mismatch: str = "restart"
     pause_mode: str = "wait"             # in-flight requests during a reload: wait | keep | abort
     poll_s: float = 1.0                  # how often the supervisor looks for a new checkpoint
     slurm: SlurmOptions = field(default_factory=lambda: SlurmOptions(time="24:00:00", mem="16G", cpus_per_task=4))
@@ -66,6 +69,8 @@ class ServeConfig:
             raise UserError(f"{source}: field 'sync_mode' must be reload or restart, got {self.sync_mode!r}")
         if self.reload_method not in ("tbhpc", "vllm"):
             raise UserError(f"{source}: field 'reload_method' must be tbhpc or vllm, got {self.reload_method!r}")
+        if self.on_mismatch not in ("restart", "refuse"):
+            raise UserError(f"{source}: field 'on_mismatch' must be restart or refuse, got {self.on_mismatch!r}")
         if self.verify_tol < 0:
             raise UserError(f"{source}: field 'verify_tol' must be >= 0, got {self.verify_tol!r}")
         if self.pause_mode not in ("wait", "keep", "abort"):

@@ -27,6 +27,7 @@ class Endpoint:
     pid: int = 0
     job_id: str = ""
     started_at: float = 0.0
+    dtype: str = ""         # the dtype the engine computes in: publishers digest their weights in it
 
     @property
     def base_url(self) -> str:

@@ -16,7 +16,7 @@ layer or a stale copy moves every token. Tolerances: `default_tol(dtype)`, measu
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tbhpc.errors import EndpointError, UserError
@@ -88,9 +88,9 @@ def compute_fingerprint(model: Any, tokenizer: Any = None) -> Fingerprint:
     return Fingerprint(ids, [float(x) for x in lps], dtype)
 
 
-def fingerprint_dir(path: str, dtype: str = "float32") -> Fingerprint:
-    """Fingerprint of a checkpoint directory on disk (loads it with transformers on the CPU):
-    for checkpoints written by other code, and for servers users bring themselves."""
+def load_checkpoint(path: str, dtype: str = "float32") -> tuple[Any, Any]:
+    """(model, tokenizer or None) of a checkpoint directory on disk, loaded with transformers on
+    the CPU: to fingerprint and digest checkpoints written by other code or served by others."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     try:
@@ -101,7 +101,12 @@ def fingerprint_dir(path: str, dtype: str = "float32") -> Fingerprint:
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError):
         tok = None
-    return compute_fingerprint(model, tok)
+    return model, tok
+
+
+def fingerprint_dir(path: str, dtype: str = "float32") -> Fingerprint:
+    """Fingerprint of a checkpoint directory on disk."""
+    return compute_fingerprint(*load_checkpoint(path, dtype))
 
 
 def served_logprobs(base_url: str, model: str, tokens: list[int], timeout_s: float = 120.0) -> list[float]:
@@ -126,6 +131,7 @@ class Check:
     tol: float
     n_tokens: int
     seconds: float
+    served: list[float] = field(default_factory=list, repr=False)   # the server's logprobs on the probe
 
     @property
     def passed(self) -> bool:
@@ -155,4 +161,4 @@ def check_server(base_url: str, model: str, fp: Fingerprint, version: str, tol: 
     t0 = time.monotonic()
     served = served_logprobs(base_url, model, fp.tokens, timeout_s)
     mx, mean = distance(served, fp.logprobs)
-    return Check(version, mx, mean, tol, len(fp.logprobs), time.monotonic() - t0)
+    return Check(version, mx, mean, tol, len(fp.logprobs), time.monotonic() - t0, served)

@@ -4,10 +4,12 @@ The loop: start vLLM on the newest published checkpoint (or the base model), wai
 publish `RUN/endpoint.json`; then poll `RUN/checkpoints/` and, for each newer ready marker:
 1. load it in place (`tbhpc_reload`: vLLM's reload + re-packing of CPU kernel copies) or, with
    `sync_mode=restart`, start a fresh server on it; the server says `unverified:step-N` meanwhile;
-2. score the checkpoint's fingerprint through the server; a reload that does not match is retried
-   as a restart (exact by construction), and a restart that does not match either is refused:
-   the server then says `rejected:step-N`, endpoint.json too, and nothing is announced;
-3. only a match announces `step-N`. Every sync (timings, kernel paths, the check's figures) is
+2. check it (`verify.check_weights`): the digests of every tensor the server now holds, in the
+   dtype it computes in, must equal the marker's exactly, and the checkpoint's probe scored
+   through the server must be within the dtype's tolerance; a reload that fails is retried as a
+   restart (exact by construction), and a restart that fails too is refused: the server then
+   says `rejected:step-N`, endpoint.json too, and nothing is announced;
+3. only a match announces `step-N`. Every sync (timings, kernel paths, both checks' figures) is
    appended to `RUN/logs/weight_sync.jsonl`.
 SIGTERM/SIGINT (Slurm ending the job, Ctrl-C) stop the server by PID and remove the endpoint file.
 """
@@ -28,8 +30,9 @@ from tbhpc.serve.checkpoints import (BASE_VERSION, REJECTED, UNVERIFIED, Publish
                                      version_step)
 from tbhpc.serve.config import ServeConfig
 from tbhpc.serve.endpoint import Endpoint, remove_endpoint, write_endpoint
-from tbhpc.serve.fingerprint import Check, Fingerprint, check_server, default_tol, distance, served_logprobs
+from tbhpc.serve.fingerprint import Fingerprint, default_tol, distance, served_logprobs
 from tbhpc.serve.server import VLLMServer
+from tbhpc.serve.verify import Verdict, check_weights
 
 __all__ = ["Supervisor", "version_step", "BASE_VERSION"]
 
@@ -41,11 +44,11 @@ def resolve_device(cfg: ServeConfig) -> ServeConfig:
 
 
 class SyncRefused(Exception):
-    """The served weights do not match the checkpoint's fingerprint (or it has none)."""
+    """The served weights are not the checkpoint's (digest or probe), or it carries nothing to check them by."""
 
-    def __init__(self, reason: str, check: Check | None = None):
+    def __init__(self, reason: str, verdict: Verdict | None = None):
         super().__init__(reason)
-        self.check = check
+        self.verdict = verdict
 
 
 class Supervisor:
@@ -68,7 +71,8 @@ class Supervisor:
         self._launch(model, port=0)
         self.endpoint = Endpoint(self.publish_host(), self.server.port, self.cfg.served_model_name, BASE_VERSION,
                                  model_path=str(Path(model).resolve()), pid=self.server.proc.pid,
-                                 job_id=_job_id(), started_at=self.server.started_at)
+                                 job_id=_job_id(), started_at=self.server.started_at,
+                                 dtype=self.kernels.get("dtype", ""))
         ready = time.time() - self.server.started_at
         if pub is None:
             self._announce(BASE_VERSION)
@@ -115,17 +119,20 @@ class Supervisor:
         t0, mode, entry = time.time(), self.cfg.sync_mode, {"attempts": []}
         previous, self.current = self.current, pub
         provisional = UNVERIFIED + pub.version
-        check: Check | None = None
+        check: Verdict | None = None
         try:
-            self._fingerprint(pub)
+            self._references(pub)
         except SyncRefused as exc:          # nothing to check it against: not loaded at all
             return self._refuse(pub, exc, {**entry, "mode": "none"})
         if mode == "reload":
             try:
                 report = self.server.reload(str(pub.path), provisional, self.cfg.reload_method)
                 entry["reload"] = {k: report[k] for k in ("refreshed", "reload_s", "refresh_s") if k in report}
-                check = self.verify(pub)
+                check = self.verify(pub, previous)
             except SyncRefused as exc:
+                if self.cfg.on_mismatch == "refuse":
+                    entry.update(mode=mode, sync_s=round(time.time() - t0, 4))
+                    return self._refuse(pub, exc, entry)
                 entry["attempts"].append({"mode": "reload", "error": str(exc)})
                 self.log(f"serve: in-place reload of {pub.version} does not serve the published weights ({exc}); "
                          "restarting on the checkpoint")
@@ -141,9 +148,10 @@ class Supervisor:
             self.server.stop()
             self._launch(str(pub.path), port=self.endpoint.port)
             self.endpoint.pid, self.endpoint.model_path = self.server.proc.pid, str(pub.path)
+            self.endpoint.dtype = self.kernels.get("dtype", "")
             self.server.set_version(provisional)
             try:
-                check = self.verify(pub)
+                check = self.verify(pub, previous)
             except SyncRefused as exc:
                 entry.update(mode=mode, sync_s=round(time.time() - t0, 4))
                 return self._refuse(pub, exc, entry)
@@ -158,33 +166,45 @@ class Supervisor:
         entry.update(check.to_json() if check else {"verified": None})
         entry.update(self._step_delta(pub, previous))
         record_sync(self.run, entry)
-        how = f"verified: mean |Δlogprob| {check.mean_err:.1e}" if check else "NOT verified (verify=false)"
+        how = f"verified: {check.summary()}" if check else "NOT verified (verify=false)"
         self.log(f"serve: now serving {pub.version} ({mode} {entry['sync_s']:.2f} s, {entry['lag_s']:.2f} s after "
                  f"publish; {how})")
         return entry
 
-    def verify(self, pub: Published) -> Check | None:
-        """Score the checkpoint's fingerprint through the server; raise SyncRefused on a mismatch."""
-        fp = self._fingerprint(pub)
-        if fp is None:
+    def verify(self, pub: Published, previous: Published | None = None) -> Verdict | None:
+        """Digest and probe the server against the checkpoint; raise SyncRefused on a mismatch."""
+        refs = self._references(pub)
+        if refs is None:
             return None
+        want, fp = refs
         tol = self.cfg.verify_tol or max(default_tol(fp.dtype), default_tol(self.kernels.get("dtype")))
-        check = check_server(self.server.base_url, self.cfg.served_model_name, fp, self.server.weight_version(), tol)
-        if not check.passed:
-            raise SyncRefused(check.summary(), check)
-        return check
+        prev = _fingerprint_of(previous)
+        verdict = check_weights(self.server.base_url, self.cfg.served_model_name, self.server.weight_version(), want,
+                                fp, tol, prev)
+        if not verdict.passed:
+            raise SyncRefused(verdict.summary(), verdict)
+        return verdict
 
-    def _fingerprint(self, pub: Published) -> Fingerprint | None:
-        """The marker's fingerprint (None when verify is off); SyncRefused when it has no usable one."""
+    def _references(self, pub: Published) -> tuple[dict | None, Fingerprint] | None:
+        """(the marker's digest in the served dtype, its fingerprint); None when verify is off.
+        SyncRefused when the marker lacks either. The digest is None only when the server reports
+        no dtype (started without tbhpc's worker extension): the probe alone can check it then."""
         if not self.cfg.verify:
             return None
-        if not pub.fingerprint:
-            raise SyncRefused(f"{pub.version} has no fingerprint in its ready marker (publish with "
+        fp = _fingerprint_of(pub)
+        if fp is None:
+            raise SyncRefused(f"{pub.version} has no usable fingerprint in its ready marker (publish with "
                               "publish_checkpoint or mark_ready, or serve with verify=false)")
-        try:
-            return Fingerprint.from_json(pub.fingerprint)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SyncRefused(f"{pub.version}: unreadable fingerprint ({exc})") from None
+        dtype = self.kernels.get("dtype")
+        if not dtype:
+            return None, fp
+        digests = pub.digests or {}
+        if not isinstance(digests.get(dtype), dict):
+            raise SyncRefused(f"{pub.version}: its ready marker has no weight digest for {dtype}, the dtype this "
+                              f"server computes in (it has: {', '.join(digests) or 'none'}); publish with "
+                              "publish_checkpoint or mark_ready after the server wrote endpoint.json, "
+                              "or serve with verify=false")
+        return digests[dtype], fp
 
     def _refuse(self, pub: Published, refusal: SyncRefused, entry: dict) -> dict:
         """Leave `rejected:step-N` on the server and in endpoint.json; record why, loudly."""
@@ -194,8 +214,8 @@ class Supervisor:
         entry.update({"version": pub.version, "step": pub.step, "verified": False, "served_as": version,
                       "error": reason, "published_at": pub.published_at, "path": str(pub.path),
                       "kernels": self.kernels})
-        if refusal.check is not None:       # both figures: the error measured and the tolerance
-            entry.update({k: v for k, v in refusal.check.to_json().items() if k != "verified"})
+        if refusal.verdict is not None:     # every figure: errors measured, tolerance, digest result
+            entry.update({k: v for k, v in refusal.verdict.to_json().items() if k != "verified"})
         record_sync(self.run, entry)
         msg = f"serve: ERROR: weight sync to {pub.version} REFUSED: {reason}; the server says {version}"
         self.log(msg)
@@ -206,13 +226,10 @@ class Supervisor:
     def _step_delta(pub: Published, previous: Published | None) -> dict:
         """How far this step moved the probe (fingerprints alone): a check can only tell apart
         two versions whose fingerprints differ by more than its tolerance."""
-        if previous is None or not previous.fingerprint or not pub.fingerprint:
+        a, b = _fingerprint_of(previous), _fingerprint_of(pub)
+        if a is None or b is None or a.tokens != b.tokens:
             return {}
-        try:
-            a, b = Fingerprint.from_json(previous.fingerprint), Fingerprint.from_json(pub.fingerprint)
-            return {"step_delta": round(distance(a.logprobs, b.logprobs)[1], 6)} if a.tokens == b.tokens else {}
-        except (KeyError, TypeError, ValueError):
-            return {}
+        return {"step_delta": round(distance(a.logprobs, b.logprobs)[1], 6)}
 
     def run_forever(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):
@@ -233,6 +250,15 @@ class Supervisor:
         if self.server is not None:
             self.server.stop()
             self.log("serve: stopped")
+
+
+def _fingerprint_of(pub: Published | None) -> Fingerprint | None:
+    if pub is None or not pub.fingerprint:
+        return None
+    try:
+        return Fingerprint.from_json(pub.fingerprint)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _paths(kernels: dict) -> str:

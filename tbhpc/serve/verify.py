@@ -1,26 +1,88 @@
-"""`tbhpc serve-check`: does a running server compute the weights it claims to serve?
+"""How a running server is checked against the checkpoint it claims to serve, and `tbhpc serve-check`.
 
-Why a command of its own: the supervisor checks every sync it applies, but users also bring their
-own vLLM servers (started by hand, by another launcher, restarted by an operator), and anyone
-should be able to ask "which weights is this thing really serving?" in one line. It resolves the
-server and the fingerprint to compare with, then runs the same check as the supervisor.
+Two checks, each for what it can prove (README: what each check proves):
+- identity: the digests of every tensor the server holds (parameters and packed kernel copies,
+  in the dtype it computes in) equal, bit for bit, the digests the publisher wrote (digest.py);
+- function: the checkpoint's probe scored through the server is within the dtype's tolerance
+  of the publisher's own logprobs (fingerprint.py): the kernels, dtype and layout compute what
+  the weights say. Reported against the previous version too, so a reader sees whether the
+  probe could tell the two apart at all.
+The supervisor runs `check_weights` after every sync; the command runs it on demand, because
+users also bring their own vLLM servers and anyone should be able to ask "which weights is this
+thing really serving?" in one line.
 """
 from __future__ import annotations
 
+import urllib.error
+from dataclasses import dataclass
 from pathlib import Path
 
 from tbhpc.errors import InfraError, UserError
 from tbhpc.serve.checkpoints import REJECTED, UNVERIFIED, published, version_step
+from tbhpc.serve.digest import DigestCheck, compare, merge_served, model_digests, served_dtypes
 from tbhpc.serve.endpoint import read_endpoint
-from tbhpc.serve.fingerprint import Check, Fingerprint, check_server, default_tol, fingerprint_dir
+from tbhpc.serve.fingerprint import (Check, Fingerprint, check_server, compute_fingerprint, default_tol, distance,
+                                     load_checkpoint)
 from tbhpc.serve.server import http_json, merge_reports
 
 
+@dataclass
+class Verdict:
+    digest: DigestCheck | None          # None: identity not checked (verify=false)
+    probe: Check | None                 # None: function not checked (verify=false)
+    prev_err: tuple[float, float] | None = None   # probe (max, mean) |Δ| of the served logprobs vs the previous version
+
+    @property
+    def passed(self) -> bool:
+        identity = self.digest is None or self.digest.equal or bool(self.digest.unsupported)
+        return identity and (self.probe is None or self.probe.passed)
+
+    def summary(self) -> str:
+        parts = [self.probe.summary()] if self.probe else []
+        if self.prev_err is not None:
+            parts.append(f"vs the previous version: mean |Δlogprob| {self.prev_err[1]:.2e}")
+        if self.digest is not None:
+            parts.append(self.digest.summary())
+        text = "; ".join(parts)
+        if self.probe is not None and self.probe.passed and not self.passed:
+            text = "FAIL" + text.removeprefix("PASS")
+        return text
+
+    def to_json(self) -> dict:
+        out = {**(self.probe.to_json() if self.probe else {}), **(self.digest.to_json() if self.digest else {})}
+        if self.prev_err is not None:
+            out["probe_prev_mean_err"] = round(self.prev_err[1], 6)
+        out["verified"] = self.passed
+        return out
+
+
+def served_digest(base_url: str) -> dict:
+    """The server's digests of what it holds (tbhpc's worker extension), or {"unsupported": why}."""
+    try:
+        results = (http_json(base_url + "/collective_rpc", {"method": "tbhpc_digest"}, timeout=1800) or {}).get("results")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return {"unsupported": f"the server cannot digest its weights ({getattr(exc, 'reason', exc)})"}
+    return merge_served(results or [])
+
+
+def check_weights(base_url: str, model: str, version: str, want: dict | None, fp: Fingerprint | None, tol: float,
+                  previous: Fingerprint | None = None) -> Verdict:
+    """Identity (when `want`, the published digest in the served dtype, is given), then the probe."""
+    digest = compare(want, served_digest(base_url)) if want is not None else None
+    probe = check_server(base_url, model, fp, version, tol) if fp is not None else None
+    prev = None
+    if probe is not None and previous is not None and previous.tokens == fp.tokens:
+        prev = distance(probe.served, previous.logprobs)
+    return Verdict(digest, probe, prev)
+
+
+# --- `tbhpc serve-check` ---------------------------------------------------------------------------
+
 def check_endpoint(run: Path | None = None, url: str | None = None, model: str = "", checkpoint: Path | None = None,
-                   tol: float = 0.0) -> tuple[Check, str]:
-    """(the check, where its fingerprint came from). RUN: the run's endpoint and the ready marker
+                   tol: float = 0.0) -> tuple[Verdict, str]:
+    """(the verdict, where its reference came from). RUN: the run's endpoint and the ready marker
     of the version the server reports (or the run's model directory for `base`); URL: a server
-    of your own, compared with `checkpoint` fingerprinted here."""
+    of your own, compared with `checkpoint`, fingerprinted and digested here."""
     if run is not None:
         ep = read_endpoint(run)
         base_url, model = ep.base_url, model or ep.model
@@ -29,36 +91,45 @@ def check_endpoint(run: Path | None = None, url: str | None = None, model: str =
     _reachable(base_url, f"serve-check {run}" if run is not None else "serve-check --url")
     if run is None:
         model = model or _first_model(base_url)
-    version = _served_version(base_url, model)
+    version, dtype = _served_version(base_url, model), _served_dtype(base_url)
     if checkpoint is not None:
-        fp, source = fingerprint_dir(str(checkpoint)), str(checkpoint)
+        (fp, digests), source = _reference_of(checkpoint, dtype), str(checkpoint)
     elif run is not None:
-        fp, source = _run_fingerprint(run, version, ep.model_path)
+        fp, digests, source = _run_reference(run, version, ep.model_path, dtype)
     else:
         raise UserError("serve-check --url: --checkpoint DIR (the weights it should serve) is required")
-    tol = tol or max(default_tol(fp.dtype), default_tol(_served_dtype(base_url)))
-    return check_server(base_url, model, fp, version, tol), source
+    tol = tol or max(default_tol(fp.dtype), default_tol(dtype))
+    want = (digests or {}).get(dtype) if dtype else None
+    verdict = check_weights(base_url, model, version, want, fp, tol)
+    if dtype and want is None:
+        verdict.digest = DigestCheck(dtype, mismatch=f"the reference has no digest for {dtype} (only "
+                                                     f"{', '.join(digests or {}) or 'none'})")
+    return verdict, source
 
 
-def _run_fingerprint(run: Path, version: str, model_path: str) -> tuple[Fingerprint, str]:
+def _reference_of(path: Path | str, dtype: str) -> tuple[Fingerprint, dict]:
+    model, tok = load_checkpoint(str(path))
+    return compute_fingerprint(model, tok), model_digests(model, [dtype] if dtype else served_dtypes(None, "float32"))
+
+
+def _run_reference(run: Path, version: str, model_path: str, dtype: str) -> tuple[Fingerprint, dict, str]:
     claimed = version.removeprefix(UNVERIFIED).removeprefix(REJECTED)
     try:
         step = version_step(claimed)
     except ValueError:
         raise UserError(f"serve-check {run}: the server reports version {version!r}, which names no checkpoint") from None
     if step == 0:
-        return fingerprint_dir(model_path), model_path
+        return (*_reference_of(model_path, dtype), model_path)
     pub = published(run, step)
     if pub is None:
         raise UserError(f"serve-check {run}: no ready marker for {claimed} under {run}/checkpoints")
-    if not pub.fingerprint:
-        return fingerprint_dir(str(pub.path)), str(pub.path)
-    return Fingerprint.from_json(pub.fingerprint), f"{claimed} marker"
+    if not pub.fingerprint or not pub.digests:
+        return (*_reference_of(pub.path, dtype), str(pub.path))
+    return Fingerprint.from_json(pub.fingerprint), pub.digests, f"{claimed} marker"
 
 
 def _reachable(base_url: str, who: str) -> None:
     """One line when nothing answers at `base_url` (a dead server, a wrong port or host)."""
-    import urllib.error
     try:
         http_json(base_url + "/v1/models", timeout=10.0)
     except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -75,7 +146,7 @@ def _first_model(base_url: str) -> str:
 
 def _served_dtype(base_url: str) -> str:
     """The dtype the engine computes in, from tbhpc's worker extension; '' (the loosest
-    tolerance applies) on a server without it."""
+    tolerance applies, no digest) on a server without it."""
     try:
         results = http_json(base_url + "/collective_rpc", {"method": "tbhpc_kernel_paths"}).get("results") or []
         return merge_reports(results)["dtype"]

@@ -225,13 +225,16 @@ class Trainer:
                 shutil.rmtree(old, ignore_errors=True)
 
     def _publish(self, step: int) -> None:
-        """Gathered weights -> checkpoints/step-N + its fingerprint (collective: every rank calls it)."""
+        """Gathered weights -> checkpoints/step-N + its digests and fingerprint (collective: every
+        rank calls it; the digests are of the gathered tensors, exactly what is written)."""
+        from tbhpc.serve.digest import model_digests, served_dtypes
         from tbhpc.serve.fingerprint import compute_fingerprint
         sd = self.eng.consolidated_state_dict()
         fp = compute_fingerprint(self.eng.module, self.eng.tokenizer)
         if self.rank0:
+            digests = model_digests(self.eng.module, served_dtypes(self.run_path, fp.dtype), state_dict=sd)
             path = write_checkpoint(self.run_path, step, self.eng.module, self.eng.tokenizer, state_dict=sd)
-            mark_ready(self.run_path, step, path, fp)
+            mark_ready(self.run_path, step, path, fp, digests)
             self._prune_published(step)
             if (self.cfg.export_every and step % self.cfg.export_every == 0) or step == self.cfg.steps:
                 dest = self.run_path / "exports" / version_name(step)

@@ -22,10 +22,12 @@ On GPU no layer has `cpu_linear`; the extension only reloads and reports "gpu".
 packed kernel copies, named like the checkpoint's tensors: `tbhpc_served_digest.py`), which the
 supervisor compares with the digests the publisher wrote into the ready marker.
 
-Test-only faults (environment of the server process, never set in production): TBHPC_TEST_FAULT
-= `skip_reload` (a reload that reads nothing: the server keeps its old weights) or
-`flip:<checkpoint tensor name>` (after each reload, one element of that tensor moves by one ulp
-in the served copy: the parameter, or the packed kernel copy where the parameter was freed).
+Test-only faults, never set in production: when the server's environment names a file in
+TBHPC_TEST_FAULT_FILE, each reload reads it: `skip_reload` (a reload that reads nothing: the
+server keeps its old weights) or `flip:<checkpoint tensor name>` (after the reload, one element of
+that tensor moves by one ulp in the served copy: the parameter, or the packed kernel copy where
+the parameter was freed); an empty or missing file is no fault. A file, not a variable, so one
+server can go through several faults.
 Runs inside the vLLM environment: imports only torch and vLLM, lazily.
 """
 from __future__ import annotations
@@ -34,7 +36,15 @@ import os
 import time
 from collections import Counter
 
-FAULT_ENV = "TBHPC_TEST_FAULT"
+FAULT_FILE_ENV = "TBHPC_TEST_FAULT_FILE"
+
+
+def _fault() -> str:
+    path = os.environ.get(FAULT_FILE_ENV)
+    try:
+        return open(path).read().strip() if path else ""
+    except OSError:
+        return ""
 
 
 def kernel_path(layer) -> str | None:
@@ -81,7 +91,7 @@ class WeightSync:
 
         t0 = time.perf_counter()
         model = self.model_runner.get_model()
-        fault = os.environ.get(FAULT_ENV, "")
+        fault = _fault()
         before = {name: getattr(m, "cpu_linear", None) for name, m in model.named_modules()}
         if fault != "skip_reload":
             self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)

@@ -1,0 +1,147 @@
+"""Exact weight digests (serve/vllm_ext/tbhpc_digest.py, serve/digest.py, the served-side mapping).
+
+The definition is pinned by a pure-Python reference (integers mod 2^64, logical shifts), so the
+torch implementation cannot drift on either side; the server-side reading of fused, padded and
+packed weights runs here on a small module tree shaped like vLLM's (a packed kernel that keeps
+its own copy and frees the parameter), and for real in tests/test_vllm.py.
+"""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tbhpc.serve.digest import compare, merge_served, model_digests, served_dtypes, state_digest
+from tbhpc.serve.vllm_ext import tbhpc_digest as dg
+
+sys.path.insert(0, str(Path(dg.__file__).parent))        # the server imports these modules by file name
+import tbhpc_served_digest as served_mod  # noqa: E402
+
+MASK = (1 << 64) - 1
+
+
+def _fmix(z: int) -> int:
+    z ^= z >> 33
+    z = (z * dg.M1) & MASK
+    z ^= z >> 33
+    z = (z * dg.M2) & MASK
+    return z ^ (z >> 33)
+
+
+def reference(t: torch.Tensor) -> int:
+    bits = dg.canonical_bits(t.reshape(-1)).tolist()
+    return sum(_fmix(b ^ ((i * dg.C1) & MASK)) for i, b in enumerate(bits)) & MASK
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_digest_is_its_definition_and_blocks_add_up(dtype):
+    torch.manual_seed(0)
+    t = torch.randn(37, 53).to(dtype)
+    assert dg.tensor_digest(t) == reference(t)
+    by_rows = dg.block_digest(t[:10], 0, 0, 53) + dg.block_digest(t[10:], 10, 0, 53)
+    by_cols = dg.block_digest(t[:, :20], 0, 0, 53) + dg.block_digest(t[:, 20:], 0, 20, 53)
+    assert by_rows & MASK == dg.tensor_digest(t) == by_cols & MASK
+    big = torch.randn(3 * dg.CHUNK + 17).to(dtype)                    # several passes, one partial
+    halves = dg.block_digest(big[:dg.CHUNK + 5], 0, 0, big.numel()) + dg.block_digest(big[dg.CHUNK + 5:], 0, dg.CHUNK + 5, big.numel())
+    assert halves & MASK == dg.tensor_digest(big)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_any_single_element_moved_by_one_ulp_changes_the_digest(dtype):
+    torch.manual_seed(1)
+    t = torch.randn(64, 48).to(dtype)
+    base = dg.tensor_digest(t)
+    ints = torch.int32 if dtype == torch.float32 else torch.int16
+    for i in range(0, t.numel(), 7):
+        u = t.clone()
+        u.view(ints).view(-1)[i] ^= 1
+        assert dg.tensor_digest(u) != base, i
+    swapped = t.clone().view(-1)
+    swapped[[0, 1]] = swapped[[1, 0]]
+    assert dg.tensor_digest(swapped.view(64, 48)) != base              # positions count, not just values
+
+
+def test_canonical_forms_zero_subnormal_nan():
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        tiny = torch.finfo(dtype).tiny
+        a = torch.tensor([0.0, 1.0, float("nan"), tiny / 4, 2.0], dtype=dtype)
+        b = torch.tensor([-0.0, 1.0, -float("nan"), 0.0, 2.0], dtype=dtype)
+        assert dg.tensor_digest(a) == dg.tensor_digest(b)
+        c = torch.tensor([0.0, 1.0, float("inf"), 0.0, 2.0], dtype=dtype)   # inf is not a NaN
+        assert dg.tensor_digest(c) != dg.tensor_digest(b)
+    with pytest.raises(ValueError, match="no weight digest for dtype 'int8'"):
+        dg.dtype_of("int8")
+
+
+def test_publisher_digest_names_the_tied_head_and_casts(tiny_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    d = model_digests(model, ["bfloat16", "float32"])
+    bf, f32 = d["bfloat16"], d["float32"]
+    assert list(bf["tensors"])[0] == "model.embed_tokens.weight"
+    assert bf["tensors"]["lm_head.weight"] == bf["tensors"]["model.embed_tokens.weight"]
+    w = model.state_dict()["model.layers.0.mlp.up_proj.weight"]
+    assert bf["tensors"]["model.layers.0.mlp.up_proj.weight"] == dg.hexd(dg.tensor_digest(w.to(torch.bfloat16)))
+    assert bf["total"] != f32["total"] and len(bf["total"]) == 16
+
+
+def test_compare_names_the_first_difference_in_model_order():
+    want = state_digest({"a": torch.ones(3), "b": torch.arange(4.0), "c": torch.zeros(2)}, "float32")
+    held = {n: {"shape": [1], "param": h} for n, h in want["tensors"].items()}
+    served = {"dtype": "float32", "tensors": held, "digest_s": 0.5}
+    ok = compare(want, served)
+    assert ok.equal and ok.tensors == 3 and ok.total == want["total"] and "identical (float32, 3 tensors" in ok.summary()
+    held["c"]["param"] = "0" * 16
+    held["b"]["kernel"] = "1" * 16
+    bad = compare(want, served)
+    assert not bad.equal and bad.mismatch.startswith("b (packed kernel copy")       # b before c: model order
+    del held["b"]["kernel"], held["c"]
+    held["d"] = {"param": "2" * 16}
+    assert compare(want, served).mismatch.startswith("the server holds 1 tensor(s) the checkpoint has no digest for (d")
+    assert "computes in bfloat16" in compare(want, {**served, "dtype": "bfloat16"}).mismatch
+    assert not compare(want, {"dtype": "float32", "tensors": {}}).equal              # nothing compared: not a pass
+    assert compare(want, merge_served([{"a": 1}, {"b": 2}])).unsupported == "2 workers: the digest covers one"
+
+
+def test_publishers_digest_in_the_dtype_the_server_announced(tmp_path):
+    assert served_dtypes(tmp_path, "float32") == ["float32", "bfloat16"]
+    assert served_dtypes(None, "bfloat16") == ["bfloat16"]
+    (tmp_path / "endpoint.json").write_text(json.dumps({"dtype": "float16"}))
+    assert served_dtypes(tmp_path, "float32") == ["float16"]
+
+
+class PackedLinear(torch.nn.Module):
+    """Shaped like vLLM-CPU's linear layers after dispatch: the kernel closure keeps its own
+    (transposed, 'packed') copy of the weight and the parameter is freed."""
+
+    def __init__(self, weight: torch.Tensor, sizes: list[int] | None = None):
+        super().__init__()
+        packed = weight.t().contiguous().clone()
+        self.output_partition_sizes = sizes or [weight.shape[0]]
+        self.input_size_per_partition = weight.shape[1]
+        self.weight = torch.nn.Parameter(torch.empty(0, dtype=weight.dtype), requires_grad=False)
+        self.cpu_linear = lambda x, weight, bias: x @ packed
+
+
+def test_served_side_reads_fused_rows_and_packed_copies_back_exactly():
+    torch.manual_seed(2)
+    q, k, v, o = (torch.randn(n, 16).to(torch.bfloat16) for n in (16, 8, 8, 16))
+    norm = torch.randn(16).to(torch.bfloat16)
+    attn = torch.nn.Module()
+    attn.qkv_proj = PackedLinear(torch.cat([q, k, v]), [16, 8, 8])
+    attn.o_proj = PackedLinear(o)
+    layer = torch.nn.Module()
+    layer.self_attn = attn
+    layer.input_layernorm = torch.nn.Module()
+    layer.input_layernorm.weight = torch.nn.Parameter(norm, requires_grad=False)
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([layer])
+    model.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    served = served_mod.served_digests(model, torch.bfloat16, lambda m: "onednn" if hasattr(m, "cpu_linear") else None)
+    want = state_digest({"layers.0.self_attn.q_proj.weight": q, "layers.0.self_attn.k_proj.weight": k,
+                         "layers.0.self_attn.v_proj.weight": v, "layers.0.self_attn.o_proj.weight": o,
+                         "layers.0.input_layernorm.weight": norm}, "bfloat16")
+    check = compare(want, served)
+    assert check.equal and check.tensors == 5 and check.kernel_copies == 4, check.summary()
+    assert served_mod.served_digests(model, torch.bfloat16, lambda m: None, tp_size=2)["unsupported"].startswith("tensor_parallel_size 2")
