@@ -2,7 +2,8 @@
 # GPU check of the serving path, prepared to run as one script whenever a GPU machine with vLLM
 # is available (none is in CI): serves a small model with `tbhpc serve` on the GPU, runs a short
 # eval (openai policy) and probe (token-exact policy) through it, publishes a checkpoint and
-# times the verified weight sync (probe error of bf16 on the GPU against an fp32 fingerprint),
+# times the verified weight sync (probe error of bf16 on the GPU against an fp32 fingerprint, exact
+# digests of every served tensor) and the digest's rate on the GPU (and its equality with the CPU's),
 # runs `tbhpc serve-check`, measures tokens/s (bench/serve_throughput.py --device cuda), then
 # trains: two GRPO steps with DeepSpeed on the GPU (NCCL process group, ZeRO-3, bf16, one rank per
 # GPU via torchrun) on the tiny warm start with the in-process generator.
@@ -51,7 +52,20 @@ wait_for_version(run, "step-000001", timeout_s=600)
 s = read_syncs(run)[-1]
 print(f"weight sync: publish->served {time.time() - t0:.2f} s (server side {s['sync_s']:.2f} s, mode {s['mode']}, "
       f"kernels {s['kernels']}); verified {s['verified']}: probe mean |dlogprob| {s['probe_mean_err']:.2e} "
-      f"max {s['probe_max_err']:.2e} (tolerance {s['probe_tol']}), check {s['check_s']:.3f} s")
+      f"max {s['probe_max_err']:.2e} (tolerance {s['probe_tol']}), check {s['check_s']:.3f} s; digest "
+      f"{'identical' if s['digest_equal'] else 'DIFFERS'} over {s['digest_tensors']} tensors in {s['digest_s']:.3f} s")
+PY
+# the exact digest's rate on the GPU (what a 27B bf16 sync's identity check costs: 54 GB at this rate)
+"$TBHPC_VLLM_PYTHON" - <<'PY'
+import sys, time, torch
+sys.path.insert(0, "tbhpc/serve/vllm_ext")
+from tbhpc_digest import tensor_digest
+x = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)      # 2 GiB
+tensor_digest(x[: 1 << 20]); torch.cuda.synchronize()
+t0 = time.perf_counter(); d = tensor_digest(x); torch.cuda.synchronize(); s = time.perf_counter() - t0
+assert d == tensor_digest(x.cpu()), "GPU and CPU digests differ"
+print(f"digest on {torch.cuda.get_device_name()}: {x.numel() * 2 / s / 1e9:.1f} GB/s (2 GiB bf16 in {s:.3f} s); "
+      f"27B bf16 (54 GB): ~{54e9 / (x.numel() * 2 / s):.1f} s; equal to the CPU digest")
 PY
 "$PY" -m tbhpc.cli serve-check "$RUN"
 kill -TERM $SERVE; wait $SERVE || true; trap - EXIT

@@ -7,9 +7,12 @@ fingerprints it):
 - `tbhpc`:   the same, then re-packing of the kernel copies it leaves stale (the default);
 - `restart`: stop the server, start a fresh one on the checkpoint (the baseline: exact by
              construction; its time is what every other option is compared with).
-After each sync the checkpoint's fingerprint is scored through the server: `mean err` is the
-probe's mean |Δ logprob| against the new weights (`exact` when within the dtype's tolerance),
-`check s` what the verification costs. Publishing (save + fingerprint) is timed apart.
+After each sync the server is checked like the supervisor does (`verify.check_weights`): `digest`
+says whether every tensor it holds (parameters and packed kernel copies) equals the published
+digest bit for bit, `mean err` is the probe's mean |Δ logprob| against the new weights, `check s`
+what both checks cost, `srv digest s` the server's share of it. Publishing (save + digests +
+fingerprint) is timed apart, `pub digest s` its digest share; `digest GB/s` is the server's rate
+over the bytes it digested (the figure to extrapolate a large model from, README).
 
 Usage: python bench/weight_sync.py [--models tiny,smollm2] [--dtypes float32,bfloat16] [--threads 2]
 """
@@ -25,8 +28,9 @@ from rich.table import Table
 
 from tbhpc.serve.checkpoints import publish_checkpoint
 from tbhpc.serve.config import ServeConfig
-from tbhpc.serve.fingerprint import Fingerprint, check_server, default_tol, distance, served_logprobs
+from tbhpc.serve.fingerprint import Fingerprint, default_tol, distance, served_logprobs
 from tbhpc.serve.server import VLLMServer
+from tbhpc.serve.verify import check_weights
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,11 +82,16 @@ def bench_one(console: Console, name: str, model_dir: Path, dtype: str, threads:
                     server.reload(str(pub.path), pub.version, method)
                 sync_s = time.monotonic() - t0
                 tol = max(default_tol(fp.dtype), default_tol(kernels["dtype"]))
-                check = check_server(server.base_url, cfg.served_model_name, fp, pub.version, tol)
+                want = pub.digests[kernels["dtype"]]
+                t0 = time.monotonic()
+                verdict = check_weights(server.base_url, cfg.served_model_name, pub.version, want, fp, tol)
+                check_s = time.monotonic() - t0
                 moved = distance(previous.logprobs, fp.logprobs)[1] if previous else float("nan")
-                rows.append((name, kernels["dtype"], paths, method, publish_s, sync_s, check.seconds, check.mean_err,
-                             check.passed, moved))
-                console.print(f"  {method}: publish {publish_s:.2f} s, sync {sync_s:.2f} s, {check.summary()}")
+                gbytes = sum(p.numel() for p in base.parameters()) * (4 if kernels["dtype"] == "float32" else 2) / 1e9
+                rows.append((name, kernels["dtype"], paths, method, publish_s, want["digest_s"], sync_s, check_s,
+                             verdict.digest.seconds, gbytes / max(verdict.digest.seconds, 1e-9),
+                             verdict.probe.mean_err, verdict.digest.equal, verdict.probe.passed, moved))
+                console.print(f"  {method}: publish {publish_s:.2f} s, sync {sync_s:.2f} s, {verdict.summary()}")
                 previous = fp
         finally:
             server.stop()
@@ -114,16 +123,17 @@ def main() -> int:
             for dtype in args.dtypes.split(","):
                 bench_one(console, name, path, dtype, args.threads, rows)
     table = Table(title="weight sync: time and exactness per option (same run, same machine)")
-    for col in ("model", "dtype", "kernels", "sync", "publish s", "sync s", "× restart", "check s", "check / sync",
-                "mean err", "exact", "step moved"):
+    for col in ("model", "dtype", "kernels", "sync", "publish s", "pub digest s", "sync s", "× restart", "check s",
+                "srv digest s", "digest GB/s", "check / sync", "digest", "mean err", "probe", "step moved"):
         table.add_column(col, justify="right")
     for group in sorted({(r[0], r[1]) for r in rows}):
         rs = [r for r in rows if (r[0], r[1]) == group]
-        restart = next(r[5] for r in rs if r[3] == "restart")
-        for (name, dtype, paths, method, publish_s, sync_s, check_s, err, ok, moved) in rs:
-            table.add_row(name, dtype, paths, method, f"{publish_s:.2f}", f"{sync_s:.2f}", f"{sync_s / restart:.3f}",
-                          f"{check_s:.3f}", f"{check_s / sync_s:.2f}", f"{err:.1e}", "yes" if ok else "[red]NO",
-                          f"{moved:.2f}")
+        restart = next(r[6] for r in rs if r[3] == "restart")
+        for (name, dtype, paths, method, publish_s, pub_dig, sync_s, check_s, srv_dig, rate, err, same, ok, moved) in rs:
+            table.add_row(name, dtype, paths, method, f"{publish_s:.2f}", f"{pub_dig:.3f}", f"{sync_s:.2f}",
+                          f"{sync_s / restart:.3f}", f"{check_s:.3f}", f"{srv_dig:.3f}", f"{rate:.2f}",
+                          f"{check_s / sync_s:.2f}", "identical" if same else "[red]DIFFERS", f"{err:.1e}",
+                          "pass" if ok else "[red]FAIL", f"{moved:.2f}")
     console.print(table)
     return 0
 

@@ -41,6 +41,7 @@ def test_make_train_runs_grpo_on_the_cluster_with_the_server_alongside(tmp_path)
     from tbhpc.serve.checkpoints import read_syncs
     syncs = [s for s in read_syncs(run) if s.get("version", "").startswith("step-")]
     assert {s["version"] for s in syncs if s.get("verified")} >= {"step-000001", "step-000002"}, syncs
+    assert all(s["digest_equal"] is True and s["digest_tensors"] > 0 for s in syncs if s.get("verified")), syncs
     assert not (run / "endpoint.json").exists()           # the serving job ended with the training
     ready = sorted(p.name for p in (run / "checkpoints").glob("*.ready"))
     assert ready == ["step-000002.ready", "step-000003.ready"]   # keep_published: 2 (exports/ keeps its own copy)

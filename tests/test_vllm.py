@@ -11,6 +11,11 @@ vLLM-CPU picks its GEMM kernels by CPU (oneDNN, AMX sgl-kernel, or plain F.linea
 the Slurm-served server runs the default dtype (bf16: F.linear on AVX2, packed kernels on
 AVX-512-BF16/AMX) and the local one fp32 (oneDNN, packed, on every x86 here). The weight-sync
 tests print the CPU class and the kernel paths the server reported, and name both on failure.
+
+Both servers read a fault file at each reload (TBHPC_TEST_FAULT_FILE, a test-only switch of the
+worker extension): a reload that reads nothing, or one element moved by one ulp in the served
+copy. The Slurm-served one refuses a failed check at once (on_mismatch=refuse), the local one
+restarts on the checkpoint (the default), so both paths run for real without extra servers.
 """
 import json
 import os
@@ -35,6 +40,7 @@ from tbhpc.policy.generation import Sampling, ServerGenerator, recompute_logprob
 from tbhpc.rollout.collect import UntrustedWeights, collect_group
 from tbhpc.serve.checkpoints import mark_ready, publish_checkpoint, read_syncs
 from tbhpc.serve.config import default_vllm_python
+from tbhpc.serve.digest import model_digests
 from tbhpc.serve.endpoint import read_endpoint, wait_for_version
 from tbhpc.serve.fingerprint import compute_fingerprint
 
@@ -86,8 +92,8 @@ def served(tmp_path_factory, tiny_dir):
         pytest.skip("no Slurm cluster (run `make slurm-up` and source its env.sh)")
     run = tmp_path_factory.mktemp("serve-run")
     out = subprocess.run([sys.executable, "-m", "tbhpc.cli", "serve", str(run), "--executor", "slurm", f"model={tiny_dir}",
-                          *SERVE_OPTS, "slurm={cpus_per_task: 1, mem: null, time: '00:30:00'}"],
-                         capture_output=True, text=True, timeout=60)
+                          *SERVE_OPTS, "on_mismatch=refuse", "slurm={cpus_per_task: 1, mem: null, time: '00:30:00'}"],
+                         capture_output=True, text=True, timeout=60, env=_with_fault_file(run))
     assert out.returncode == 0, out.stderr
     job = out.stdout.split()[3].rstrip(";")
     try:
@@ -100,6 +106,26 @@ def served(tmp_path_factory, tiny_dir):
         time.sleep(0.5)
     assert not (run / "endpoint.json").exists(), "the job's end did not remove endpoint.json"
     assert not _pid_alive(ep.pid), "the vLLM server outlived its Slurm job"
+
+
+def _with_fault_file(run: Path) -> dict:
+    """The environment a server under test starts with: its worker extension reads RUN/fault at
+    each reload (empty: no fault)."""
+    (run / "fault").write_text("")
+    return {**os.environ, "TBHPC_TEST_FAULT_FILE": str(run / "fault")}
+
+
+def _small_step(model, seed: int, scale: float = 2e-3):
+    """A copy of `model` with every weight moved by ~`scale` of its own size: like one training
+    step, most bf16 weights round to what they were and the probe moves far less than its tolerance."""
+    import copy
+
+    import torch
+    out, gen = copy.deepcopy(model), torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale * p.abs().mean())
+    return out
 
 
 def _models(ep) -> list[dict]:
@@ -178,6 +204,8 @@ def test_weight_sync_is_exact_and_verified(served, tiny_dir_b):
     s = sync[0]
     assert [(x["version"], x["mode"], x["verified"]) for x in sync] == [("step-000001", "reload", True)], machine
     assert s["probe_mean_err"] <= s["probe_tol"] and 0 < s["sync_s"] < 60 and s["check_s"] < s["sync_s"]
+    assert s["digest_equal"] is True and s["digest_dtype"] == s["kernels"]["dtype"] and s["digest_tensors"] >= 20, s
+    assert s["digest_kernel_copies"] > 0 if PACKED & set(s["kernels"]["paths"]) else s["digest_kernel_copies"] == 0
     if PACKED & set(s["kernels"]["paths"]):     # the tied lm_head's packed copy had to be rebuilt
         assert "lm_head" in s["reload"]["refreshed"], machine
     check = _serve_check(run)
@@ -186,17 +214,76 @@ def test_weight_sync_is_exact_and_verified(served, tiny_dir_b):
                           str(tiny_dir_b), "--format", "json"], capture_output=True, text=True, timeout=120)
     verdict = json.loads(own.stdout)                       # a server "you run yourself": URL + checkpoint dir
     assert own.returncode == 0 and verdict["verified"] and verdict["probe_version"] == "step-000001", own.stdout
+    assert verdict["digest_equal"] is True and verdict["digest_tensors"] == s["digest_tensors"], own.stdout
+
+
+def test_digests_refuse_what_the_probe_cannot_tell_apart(served, tiny_dir_b, tasks_by_id):
+    """bf16, consecutive versions closer than the probe's tolerance (as at the recipe's lr): a
+    reload that read nothing, then one element moved by one ulp in a parameter and in a packed
+    kernel copy, then vLLM's reload alone (the AMX bug's stale packed head, where kernels pack).
+    The probe passes the first three; the digest refuses each, naming the tensor; nothing waiting
+    for those versions proceeds and no sample from them is collected. Then a clean reload is
+    verified again. (Runs after test_weight_sync_is_exact_and_verified: the server holds B.)"""
+    run, ep, _ = served
+    tok = AutoTokenizer.from_pretrained(tiny_dir_b)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir_b)
+    packed = PACKED & set(read_syncs(run)[-1]["kernels"]["paths"])
+    # (fault, refused, the start of the mismatch it names); the AMX bug's path (vLLM's reload alone
+    # leaves the tied head's packed copy stale) is refused only where kernels pack
+    cases = [("skip_reload", True, "model."),
+             ("flip:model.layers.0.input_layernorm.weight", True, "model.layers.0.input_layernorm.weight (parameter"),
+             ("flip:model.layers.1.mlp.down_proj.weight", True,
+              "model.layers.1.mlp.down_proj.weight (" + ("packed kernel copy" if packed else "parameter")),
+             ("no_repack", bool(packed), "lm_head.weight (packed kernel copy"),
+             ("", False, None)]
+    for step, (fault, refused, named) in enumerate(cases, start=2):
+        model = _small_step(model, seed=step)
+        (run / "fault").write_text(fault)
+        publish_checkpoint(run, step, model, tok)
+        version = f"step-{step:06d}"
+        if not refused:
+            wait_for_version(run, version, timeout_s=120)
+        else:
+            with pytest.raises(EndpointError, match=f"refused weights {version}: FAIL.*digest: DIFFERS"):
+                wait_for_version(run, version, timeout_s=120)
+        s = read_syncs(run)[-1]
+        machine = f"{cpu_class()}; kernels {s['kernels']}; {fault or 'no fault'}"
+        print(machine, {k: s.get(k) for k in ("verified", "probe_mean_err", "probe_prev_mean_err", "step_delta",
+                                              "digest_equal", "digest_mismatch", "digest_s")})
+        assert s["version"] == version and s["mode"] == "reload" and s["step_delta"] < s["probe_tol"] / 2, machine
+        assert s["probe_mean_err"] <= s["probe_tol"] or fault == "no_repack", s   # the probe alone verifies these
+        assert s["digest_equal"] is (not refused) and s["verified"] is (not refused), machine
+        if refused:
+            assert s["digest_mismatch"].startswith(named), (machine, s["digest_mismatch"])
+    MACHINE_NOTES.append(f"digest vs probe (bf16): step_delta {s['step_delta']:.3f}, tolerance {s['probe_tol']}")
+    (run / "fault").write_text("skip_reload")
+    model = _small_step(model, seed=9)
+    publish_checkpoint(run, 7, model, tok)
+    with pytest.raises(EndpointError, match="refused weights step-000007"):
+        wait_for_version(run, "step-000007", timeout_s=120)
+    check = _serve_check(run)
+    assert check.returncode == 1 and check.stdout.startswith("FAIL: serves rejected:step-000007"), check.stdout
+    assert "digest: DIFFERS (bfloat16)" in check.stdout
+    policy = make_policy("tokens", endpoint=str(run), max_tokens=8, response_budget=16)
+    with pytest.raises(UntrustedWeights, match="rejected:step-000007"):
+        collect_group(tasks_by_id["retail-order_status-000"], get_domain("retail"), policy, ScriptedUser(), None,
+                      group=0, n=1)
+    (run / "fault").write_text("")
 
 
 def test_fp32_sync_then_a_damaged_checkpoint_is_refused(tmp_path, tiny_dir, tiny_dir_b, tasks_by_id):
     """A local server in fp32 (oneDNN kernels with packed weights on every x86 here): step 1
-    reloads exactly; step 2's files on disk are not the weights its fingerprint describes (a
-    damaged copy), so the reload fails its check, the restart on the checkpoint fails it too, and
-    the server says `rejected:step-000002`: nothing waiting for step 2 proceeds, no sample from it
-    becomes a training row, `tbhpc serve-check` says FAIL."""
+    reloads exactly; step 2's reload moves one element of a packed weight by one ulp (test fault),
+    so its digest check fails and the restart on the checkpoint (exact) is verified instead;
+    step 3's files on disk are not the weights its marker describes (a damaged copy), so the
+    reload fails its check, the restart on the checkpoint fails it too, and the server says
+    `rejected:step-000003`: nothing waiting for step 3 proceeds, no sample from it becomes a
+    training row, `tbhpc serve-check` says FAIL."""
     run = tmp_path / "run"
+    run.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "tbhpc.cli", "serve", str(run), f"model={tiny_dir}", *SERVE_OPTS,
-                             "cpu_threads=1", "dtype=float32"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "cpu_threads=1", "dtype=float32"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=_with_fault_file(run))
     try:
         ep = _wait_endpoint(run, lambda: proc.poll() is None)
         model_a, model_b = AutoModelForCausalLM.from_pretrained(tiny_dir), AutoModelForCausalLM.from_pretrained(tiny_dir_b)
@@ -213,25 +300,37 @@ def test_fp32_sync_then_a_damaged_checkpoint_is_refused(tmp_path, tiny_dir, tiny
         lp_b = np.array(recompute_logprobs(model_b, prompt + out.token_ids, len(prompt)))
         assert np.abs(lp_b - out.logprobs).max() < FP32_ATOL, machine
 
-        damaged = run / "checkpoints" / "step-000002"      # meant to hold model A; holds B's files
-        model_b.save_pretrained(damaged)
-        tok.save_pretrained(damaged)
-        mark_ready(run, 2, damaged, compute_fingerprint(model_a, tok))
-        with pytest.raises(EndpointError, match="refused weights step-000002"):
-            wait_for_version(run, "step-000002", timeout_s=300)
+        # one ulp of one element of a packed linear weight, moved in the served copy after the reload
+        (run / "fault").write_text("flip:model.layers.0.self_attn.o_proj.weight")
+        publish_checkpoint(run, 2, _small_step(model_b, seed=2), tok)
+        wait_for_version(run, "step-000002", timeout_s=300)
         s2 = read_syncs(run)[-1]
         print("sync 2:", s2)
-        assert (s2["version"], s2["verified"], s2["mode"], s2["served_as"]) == ("step-000002", False, "restart",
-                                                                               "rejected:step-000002"), machine
-        assert s2["attempts"][0]["mode"] == "reload" and s2["attempts"][0]["error"].startswith("FAIL")
-        assert s2["probe_mean_err"] > 10 * s2["probe_tol"]
+        (run / "fault").write_text("")
+        assert (s2["mode"], s2["verified"], s2["digest_equal"]) == ("restart", True, True), machine   # restart: exact
+        assert s2["attempts"][0]["error"].startswith("FAIL") and "digest: DIFFERS (float32): model.layers.0.self_attn." \
+            "o_proj.weight (" + ("packed kernel copy" if PACKED & set(s1["kernels"]["paths"]) else "parameter") \
+            in s2["attempts"][0]["error"], s2["attempts"]
+
+        damaged = run / "checkpoints" / "step-000003"      # meant to hold model A; holds B's files
+        model_b.save_pretrained(damaged)
+        tok.save_pretrained(damaged)
+        mark_ready(run, 3, damaged, compute_fingerprint(model_a, tok), model_digests(model_a, ["float32"]))
+        with pytest.raises(EndpointError, match="refused weights step-000003"):
+            wait_for_version(run, "step-000003", timeout_s=300)
+        s3 = read_syncs(run)[-1]
+        print("sync 3:", s3)
+        assert (s3["version"], s3["verified"], s3["mode"], s3["served_as"]) == ("step-000003", False, "restart",
+                                                                               "rejected:step-000003"), machine
+        assert s3["attempts"][0]["mode"] == "reload" and s3["attempts"][0]["error"].startswith("FAIL")
+        assert s3["probe_mean_err"] > 10 * s3["probe_tol"] and s3["digest_equal"] is False
         new = read_endpoint(run)
-        assert new.version == "rejected:step-000002" and [m["weight_version"] for m in _models(new)] == [new.version]
+        assert new.version == "rejected:step-000003" and [m["weight_version"] for m in _models(new)] == [new.version]
         assert new.port == ep.port and new.pid != ep.pid and not _pid_alive(ep.pid)   # the restart happened
         check = _serve_check(run)
-        assert check.returncode == 1 and check.stdout.startswith("FAIL: serves rejected:step-000002"), check.stdout
+        assert check.returncode == 1 and check.stdout.startswith("FAIL: serves rejected:step-000003"), check.stdout
         policy = make_policy("tokens", endpoint=str(run), max_tokens=8, response_budget=16)
-        with pytest.raises(UntrustedWeights, match="rejected:step-000002"):
+        with pytest.raises(UntrustedWeights, match="rejected:step-000003"):
             collect_group(tasks_by_id["retail-order_status-000"], get_domain("retail"), policy, ScriptedUser(), None,
                           group=0, n=1)
     finally:

@@ -123,7 +123,7 @@ class Supervisor:
         try:
             self._references(pub)
         except SyncRefused as exc:          # nothing to check it against: not loaded at all
-            return self._refuse(pub, exc, {**entry, "mode": "none"})
+            return self._refuse(pub, exc, {**entry, "mode": "none"}, previous)
         if mode == "reload":
             try:
                 report = self.server.reload(str(pub.path), provisional, self.cfg.reload_method)
@@ -132,7 +132,7 @@ class Supervisor:
             except SyncRefused as exc:
                 if self.cfg.on_mismatch == "refuse":
                     entry.update(mode=mode, sync_s=round(time.time() - t0, 4))
-                    return self._refuse(pub, exc, entry)
+                    return self._refuse(pub, exc, entry, previous)
                 entry["attempts"].append({"mode": "reload", "error": str(exc)})
                 self.log(f"serve: in-place reload of {pub.version} does not serve the published weights ({exc}); "
                          "restarting on the checkpoint")
@@ -154,7 +154,7 @@ class Supervisor:
                 check = self.verify(pub, previous)
             except SyncRefused as exc:
                 entry.update(mode=mode, sync_s=round(time.time() - t0, 4))
-                return self._refuse(pub, exc, entry)
+                return self._refuse(pub, exc, entry, previous)
         served = self.server.weight_version()
         if served != provisional:
             raise EndpointError(f"weight sync: server reports {served!r} after loading {pub.version!r}")
@@ -206,7 +206,7 @@ class Supervisor:
                               "or serve with verify=false")
         return digests[dtype], fp
 
-    def _refuse(self, pub: Published, refusal: SyncRefused, entry: dict) -> dict:
+    def _refuse(self, pub: Published, refusal: SyncRefused, entry: dict, previous: Published | None = None) -> dict:
         """Leave `rejected:step-N` on the server and in endpoint.json; record why, loudly."""
         version = REJECTED + pub.version
         self._announce(version)
@@ -216,6 +216,7 @@ class Supervisor:
                       "kernels": self.kernels})
         if refusal.verdict is not None:     # every figure: errors measured, tolerance, digest result
             entry.update({k: v for k, v in refusal.verdict.to_json().items() if k != "verified"})
+        entry.update(self._step_delta(pub, previous))
         record_sync(self.run, entry)
         msg = f"serve: ERROR: weight sync to {pub.version} REFUSED: {reason}; the server says {version}"
         self.log(msg)

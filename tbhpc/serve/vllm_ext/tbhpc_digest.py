@@ -30,13 +30,14 @@ import torch
 
 MASK64 = (1 << 64) - 1
 C1, M1, M2 = 0x9E3779B97F4A7C15, 0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53
-CHUNK = 1 << 16                     # elements per pass: int64 temporaries stay in cache (bench: 64K is fastest)
+CHUNK = 1 << 16                     # elements per pass on a CPU: int64 temporaries stay in cache (64K measured fastest)
+GPU_CHUNK = 1 << 24                 # on a GPU: few kernel launches, ~0.5 GB of temporaries beside the served model
 # dtype -> (integer view, bit mask, exponent field, canonical NaN)
 _BITS = {torch.float32: (torch.int32, 0xFFFFFFFF, 0x7F800000, 0x7FC00000),
          torch.bfloat16: (torch.int16, 0xFFFF, 0x7F80, 0x7FC0),
          torch.float16: (torch.int16, 0xFFFF, 0x7C00, 0x7E00)}
 _LOW31 = (1 << 31) - 1
-_ARANGE_C1: dict = {}               # device -> arange(CHUNK) * C1 (contiguous positions, one add per pass)
+_ARANGE_C1: torch.Tensor | None = None     # CPU only: arange(CHUNK) * C1
 
 
 def _s64(c: int) -> int:
@@ -74,12 +75,18 @@ def canonical_bits(x: torch.Tensor) -> torch.Tensor:
     return b
 
 
-def _positions(start: int, n: int, device) -> torch.Tensor:
-    """(start + arange(n)) * C1 mod 2^64, as int64."""
-    base = _ARANGE_C1.get(device)
-    if base is None:
-        base = _ARANGE_C1[device] = torch.arange(CHUNK, dtype=torch.int64, device=device).mul_(_s64(C1))
-    return base[:n] + _s64(start * C1)
+def _chunk(device: torch.device) -> int:
+    return CHUNK if device.type == "cpu" else GPU_CHUNK
+
+
+def _positions(start: int, n: int, device: torch.device) -> torch.Tensor:
+    """(start + arange(n)) * C1 mod 2^64, as int64 (on a CPU from a cached arange: one add a pass)."""
+    global _ARANGE_C1
+    if device.type != "cpu":
+        return torch.arange(start, start + n, dtype=torch.int64, device=device).mul_(_s64(C1))
+    if _ARANGE_C1 is None or _ARANGE_C1.numel() < n:
+        _ARANGE_C1 = torch.arange(max(n, CHUNK), dtype=torch.int64).mul_(_s64(C1))
+    return _ARANGE_C1[:n] + _s64(start * C1)
 
 
 def _mixed_sum(values: torch.Tensor, pos_c1: torch.Tensor) -> int:
@@ -94,14 +101,14 @@ def block_digest(block: torch.Tensor, row0: int = 0, col0: int = 0, cols: int | 
     b = b.reshape(1, -1) if b.ndim <= 1 else b.reshape(b.shape[0], -1)
     rows, width = b.shape
     cols = width if cols is None else cols
-    total = 0
+    total, chunk = 0, _chunk(b.device)
     if width == cols:                       # whole rows: positions are contiguous
         flat, start = b.reshape(-1), row0 * cols
-        for s in range(0, flat.numel(), CHUNK):
-            part = flat[s:s + CHUNK]
+        for s in range(0, flat.numel(), chunk):
+            part = flat[s:s + chunk]
             total += _mixed_sum(part, _positions(start + s, part.numel(), b.device))
         return total & MASK64
-    step = max(1, CHUNK // max(width, 1))
+    step = max(1, chunk // max(width, 1))
     col_c1 = (torch.arange(width, dtype=torch.int64, device=b.device) + col0).mul_(_s64(C1))
     for r in range(0, rows, step):
         part = b[r:r + step]

@@ -24,7 +24,8 @@ supervisor compares with the digests the publisher wrote into the ready marker.
 
 Test-only faults, never set in production: when the server's environment names a file in
 TBHPC_TEST_FAULT_FILE, each reload reads it: `skip_reload` (a reload that reads nothing: the
-server keeps its old weights) or `flip:<checkpoint tensor name>` (after the reload, one element of
+server keeps its old weights), `no_repack` (vLLM's reload alone: the stale packed copies of the
+AMX bug, on CPUs whose kernels pack) or `flip:<checkpoint tensor name>` (after the reload, one element of
 that tensor moves by one ulp in the served copy: the parameter, or the packed kernel copy where
 the parameter was freed); an empty or missing file is no fault. A file, not a variable, so one
 server can go through several faults.
@@ -92,12 +93,14 @@ class WeightSync:
         t0 = time.perf_counter()
         model = self.model_runner.get_model()
         fault = _fault()
+        if fault == "skip_reload":          # silently keep the old weights (nothing re-packed, nothing stale)
+            return {**self.tbhpc_kernel_paths(), "refreshed": [], "stale": [], "reload_s": 0.0, "refresh_s": 0.0,
+                    "test_fault": fault}
         before = {name: getattr(m, "cpu_linear", None) for name, m in model.named_modules()}
-        if fault != "skip_reload":
-            self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
+        self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
         t1 = time.perf_counter()
         refreshed, stale = [], []
-        for name, m in model.named_modules():
+        for name, m in ([] if fault == "no_repack" else model.named_modules()):
             fn = getattr(m, "cpu_linear", None)
             if fn is None or fn is not before.get(name) or kernel_path(m) == "torch":
                 continue               # re-dispatched by the reload, or reads the parameter itself
@@ -117,7 +120,6 @@ class WeightSync:
             raise RuntimeError(f"tbhpc_reload: {len(stale)} layer(s) keep packed copies of the old weights and "
                                f"cannot be re-packed in place ({', '.join(stale[:4])}); restart the server")
         return report
-
 
 
 def _flip_one(model, tensor: str, dtype) -> None:
