@@ -76,6 +76,7 @@ bench: env env-vllm model-smollm2 $(WARM)/config.json
 	NODES=$(NODES) STATE=$(SLURM_STATE) bash slurm/local/with-cluster.sh $(VPY) bench/fanout.py
 	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/serve_throughput.py
 	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/weight_sync.py
+	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/weight_digest.py
 	OMP_NUM_THREADS=2 $(VPY) bench/train_step.py
 	OMP_NUM_THREADS=2 $(VPY) bench/omp_teams.py
 

@@ -252,6 +252,10 @@ def test_a_server_that_cannot_digest_is_checked_by_the_probe_alone(tmp_path, mon
     entry = s.sync_if_new()
     assert entry["verified"] is True and entry["digest_equal"] is None and "tensor_parallel_size 8" in entry["digest_unsupported"]
     assert entry["probe_prev_mean_err"] == 0.0 and entry["step_delta"] == 0.0   # served vs previous, reported
+    s.kernels = {"error": "no worker extension"}                   # no dtype reported: no digest to ask for
+    _publish(tmp_path, 3)
+    entry = s.sync_if_new()
+    assert entry["verified"] is True and "started without tbhpc's worker extension" in entry["digest_unsupported"]
 
 
 def test_a_restarted_serve_job_checks_the_checkpoint_it_resumes_on(tmp_path, monkeypatch):

@@ -65,10 +65,14 @@ def served_digest(base_url: str) -> dict:
     return merge_served(results or [])
 
 
+NO_DTYPE = "the server reports no dtype (started without tbhpc's worker extension): the probe alone checks it"
+
+
 def check_weights(base_url: str, model: str, version: str, want: dict | None, fp: Fingerprint | None, tol: float,
                   previous: Fingerprint | None = None) -> Verdict:
-    """Identity (when `want`, the published digest in the served dtype, is given), then the probe."""
-    digest = compare(want, served_digest(base_url)) if want is not None else None
+    """Identity (`want`: the published digest in the served dtype; None when the server reports no
+    dtype, so it cannot digest either), then the probe."""
+    digest = compare(want, served_digest(base_url)) if want is not None else DigestCheck("", unsupported=NO_DTYPE)
     probe = check_server(base_url, model, fp, version, tol) if fp is not None else None
     prev = None
     if probe is not None and previous is not None and previous.tokens == fp.tokens:
