@@ -25,24 +25,7 @@ from tbhpc.serve.digest import compare, model_digests
 from tbhpc.serve.server import VLLMServer
 from tbhpc.serve.verify import served_digest
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def model_dirs(names: list[str], tmp: Path, console: Console) -> dict[str, Path]:
-    out = {}
-    for name in names:
-        if name == "tiny":
-            from tbhpc.policy.tiny import build_tiny_model
-            out[name] = build_tiny_model(tmp / "tiny", arch="qwen3")
-        elif name == "smollm2":
-            path = REPO / "build" / "models" / "smollm2-135m"
-            if (path / "config.json").exists():
-                out[name] = path
-            else:
-                console.print(f"[yellow]skipping smollm2: {path} missing (make model-smollm2)")
-        else:
-            out[name] = Path(name)
-    return out
+from serving_models import model_dirs
 
 
 def bench_one(name: str, path: Path, dtype: str, threads: int, tmp: Path) -> tuple:

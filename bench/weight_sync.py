@@ -32,7 +32,7 @@ from tbhpc.serve.fingerprint import Fingerprint, default_tol, distance, served_l
 from tbhpc.serve.server import VLLMServer
 from tbhpc.serve.verify import check_weights
 
-REPO = Path(__file__).resolve().parents[1]
+from serving_models import model_dirs
 
 
 def perturbed(model, seed: int, scale: float = 0.05):
@@ -104,20 +104,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     console = Console(width=200)
-    models = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models.split(","):
-            if name == "tiny":
-                from tbhpc.policy.tiny import build_tiny_model
-                models[name] = build_tiny_model(Path(tmp) / "tiny", arch="qwen3")
-            elif name == "smollm2":
-                path = REPO / "build" / "models" / "smollm2-135m"
-                if not (path / "config.json").exists():
-                    console.print(f"[yellow]skipping smollm2: {path} missing (make model-smollm2)")
-                    continue
-                models[name] = path
-            else:
-                models[name] = Path(name)
+        models = model_dirs(args.models.split(","), Path(tmp), console)
         rows: list = []
         for name, path in models.items():
             for dtype in args.dtypes.split(","):
