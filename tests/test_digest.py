@@ -144,4 +144,4 @@ def test_served_side_reads_fused_rows_and_packed_copies_back_exactly():
                          "layers.0.input_layernorm.weight": norm}, "bfloat16")
     check = compare(want, served)
     assert check.equal and check.tensors == 5 and check.kernel_copies == 4, check.summary()
-    assert served_mod.served_digests(model, torch.bfloat16, lambda m: None, tp_size=2)["unsupported"].startswith("tensor_parallel_size 2")
+    assert "split over 2 workers" in served_mod.served_digests(model, torch.bfloat16, lambda m: None, shards=2)["unsupported"]

@@ -245,12 +245,12 @@ def test_the_marker_must_carry_a_digest_in_the_served_dtype(tmp_path, monkeypatc
 
 def test_a_server_that_cannot_digest_is_checked_by_the_probe_alone(tmp_path, monkeypatch):
     s, _ = _supervisor(tmp_path, monkeypatch)
-    monkeypatch.setattr(verify_mod, "served_digest", lambda url: {"unsupported": "tensor_parallel_size 8: the digest covers 1 only"})
+    monkeypatch.setattr(verify_mod, "served_digest", lambda url: {"unsupported": "the model is split over 8 workers"})
     _publish(tmp_path, 1)
     s.sync_if_new()
     _publish(tmp_path, 2)
     entry = s.sync_if_new()
-    assert entry["verified"] is True and entry["digest_equal"] is None and "tensor_parallel_size 8" in entry["digest_unsupported"]
+    assert entry["verified"] is True and entry["digest_equal"] is None and "split over 8 workers" in entry["digest_unsupported"]
     assert entry["probe_prev_mean_err"] == 0.0 and entry["step_delta"] == 0.0   # served vs previous, reported
     s.kernels = {"error": "no worker extension"}                   # no dtype reported: no digest to ask for
     _publish(tmp_path, 3)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,6 @@ class DigestCheck:
     seconds: float = 0.0          # the server's time to digest what it holds
     total: str = ""
     unsupported: str = ""         # the server cannot digest (tensor parallelism > 1): the probe alone checks
-    kernels: list = field(default_factory=list, repr=False)
 
     @property
     def equal(self) -> bool:

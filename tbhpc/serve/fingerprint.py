@@ -104,10 +104,6 @@ def load_checkpoint(path: str, dtype: str = "float32") -> tuple[Any, Any]:
     return model, tok
 
 
-def fingerprint_dir(path: str, dtype: str = "float32") -> Fingerprint:
-    """Fingerprint of a checkpoint directory on disk."""
-    return compute_fingerprint(*load_checkpoint(path, dtype))
-
 
 def served_logprobs(base_url: str, model: str, tokens: list[int], timeout_s: float = 120.0) -> list[float]:
     """Teacher-forced logprobs of `tokens` through an OpenAI-compatible vLLM server

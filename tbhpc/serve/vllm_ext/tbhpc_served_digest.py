@@ -74,11 +74,13 @@ def read_kernel_weight(module, dtype: torch.dtype):
         yield k0, out.t()
 
 
-def served_digests(model, dtype: torch.dtype, kernel_path, tp_size: int = 1) -> dict:
-    """{checkpoint tensor name: {"shape", "param"?, "kernel"?}} (digests as hex) for one worker."""
+def served_digests(model, dtype: torch.dtype, kernel_path, shards: int = 1) -> dict:
+    """{checkpoint tensor name: {"shape", "param"?, "kernel"?}} (digests as hex) for one worker
+    holding the whole model (`shards`: tensor x pipeline parallel size)."""
     t0 = time.perf_counter()
-    if tp_size != 1:
-        return {"unsupported": f"tensor_parallel_size {tp_size}: the digest covers 1 only"}
+    if shards != 1:
+        return {"unsupported": f"the model is split over {shards} workers (tensor/pipeline parallel): "
+                               "the digest covers one"}
     packed = dict(getattr(model, "packed_modules_mapping", None) or {})
     table: dict = {}
     seen: set[int] = set()

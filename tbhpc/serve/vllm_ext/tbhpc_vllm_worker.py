@@ -42,8 +42,11 @@ FAULT_FILE_ENV = "TBHPC_TEST_FAULT_FILE"
 
 def _fault() -> str:
     path = os.environ.get(FAULT_FILE_ENV)
+    if not path:
+        return ""
     try:
-        return open(path).read().strip() if path else ""
+        with open(path) as f:
+            return f.read().strip()
     except OSError:
         return ""
 
@@ -84,8 +87,8 @@ class WeightSync:
         """Digests of the weights this worker computes with (see tbhpc_served_digest)."""
         from tbhpc_served_digest import served_digests
         parallel = self.vllm_config.parallel_config
-        tp = int(parallel.tensor_parallel_size) * int(getattr(parallel, "pipeline_parallel_size", 1))
-        return served_digests(self.model_runner.get_model(), self.vllm_config.model_config.dtype, kernel_path, tp)
+        shards = int(parallel.tensor_parallel_size) * int(getattr(parallel, "pipeline_parallel_size", 1))
+        return served_digests(self.model_runner.get_model(), self.vllm_config.model_config.dtype, kernel_path, shards)
 
     def tbhpc_reload(self, weights_path: str) -> dict:
         from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
