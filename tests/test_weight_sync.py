@@ -20,6 +20,7 @@ from tbhpc.serve import verify as verify_mod
 from tbhpc.serve.checkpoints import (latest_ready, mark_ready, publish_checkpoint, published, read_syncs,
                                      trusted_version, version_step)
 from tbhpc.serve.config import ServeConfig
+from tbhpc.serve.digest import model_digests
 from tbhpc.serve.endpoint import Endpoint, read_endpoint, wait_for_version, write_endpoint
 from tbhpc.serve.fingerprint import Check, Fingerprint, compute_fingerprint, default_tol, distance, probe_tokens
 
@@ -43,16 +44,22 @@ def test_fingerprint_is_the_models_own_logprobs_on_a_fixed_probe(model_a, tiny_d
         Fingerprint.from_json({"tokens": [1, 2, 3], "logprobs": [0.0]})
 
 
-def test_markers_carry_the_fingerprint(tmp_path, model_a, tiny_dir):
+def test_markers_carry_the_fingerprint_and_digests(tmp_path, model_a, tiny_dir):
     model, tok = model_a
     pub = publish_checkpoint(tmp_path, 4, model, tok)
     back = latest_ready(tmp_path)
     assert back == pub and published(tmp_path, 4) == pub and published(tmp_path, 5) is None
     assert Fingerprint.from_json(back.fingerprint) == compute_fingerprint(model, tok)
-    # a directory written by other code: mark_ready fingerprints it from disk, same figures
+    # no server yet: digests in the checkpoint's dtype and in bf16; each one of what was written
+    assert sorted(back.digests) == ["bfloat16", "float32"]
+    assert back.digests["float32"]["tensors"] == model_digests(model, ["float32"])["float32"]["tensors"]
+    # a directory written by other code: mark_ready fingerprints and digests it from disk, same figures,
+    # in the dtype the run's server announced
+    write_endpoint(tmp_path, Endpoint("127.0.0.1", 1, "policy", "base", dtype="bfloat16"))
     marked = mark_ready(tmp_path, 7, tiny_dir)
     fp = Fingerprint.from_json(marked.fingerprint)
     assert fp.tokens == back.fingerprint["tokens"] and distance(fp.logprobs, back.fingerprint["logprobs"])[0] < 1e-5
+    assert list(marked.digests) == ["bfloat16"] and marked.digests["bfloat16"]["total"] == back.digests["bfloat16"]["total"]
 
 
 def test_only_base_and_verified_steps_are_trusted():
