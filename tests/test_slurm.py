@@ -188,7 +188,7 @@ def test_fair_share_charges_the_account_and_reorders_waiting_jobs(tmp_path):
     # fill the cluster, then queue one job per account: acct_b's (no usage) must outrank acct_a's.
     # The blocker must be running first: with a core still free (another test's job ending), acct_b's
     # job -- first in priority order -- would start at once and leave sprio nothing to rank.
-    _wait(lambda: not _queue(), timeout=120, every=1)
+    _wait(lambda: not _queue(), timeout=360, every=1)   # other files' jobs (a serving job, make train) end first
     blocker, a, b = _sbatch("-A", "acct_a", "-N", "3", "-n", "6", "--wrap", "sleep 300"), "", ""
     try:
         _wait(lambda: _queue().get(blocker) == "RUNNING", timeout=60, every=0.5)

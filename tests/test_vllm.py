@@ -133,6 +133,77 @@ def _models(ep) -> list[dict]:
         return json.loads(r.read())["data"]
 
 
+# runs before the tests on the Slurm-served server: that module-scoped job then lives only while they run
+# (a job left queued keeps the fair-share test waiting for an idle cluster)
+def test_fp32_sync_then_a_damaged_checkpoint_is_refused(tmp_path, tiny_dir, tiny_dir_b, tasks_by_id):
+    """A local server in fp32 (oneDNN kernels with packed weights on every x86 here): step 1
+    reloads exactly; step 2's reload moves one element of a packed weight by one ulp (test fault),
+    so its digest check fails and the restart on the checkpoint (exact) is verified instead;
+    step 3's files on disk are not the weights its marker describes (a damaged copy), so the
+    reload fails its check, the restart on the checkpoint fails it too, and the server says
+    `rejected:step-000003`: nothing waiting for step 3 proceeds, no sample from it becomes a
+    training row, `tbhpc serve-check` says FAIL."""
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "tbhpc.cli", "serve", str(run), f"model={tiny_dir}", *SERVE_OPTS,
+                             "cpu_threads=1", "dtype=float32"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=_with_fault_file(run))
+    try:
+        ep = _wait_endpoint(run, lambda: proc.poll() is None)
+        model_a, model_b = AutoModelForCausalLM.from_pretrained(tiny_dir), AutoModelForCausalLM.from_pretrained(tiny_dir_b)
+        tok = AutoTokenizer.from_pretrained(tiny_dir_b)
+        publish_checkpoint(run, 1, model_b, tok)
+        wait_for_version(run, "step-000001", timeout_s=120)
+        s1 = read_syncs(run)[-1]
+        machine = f"{cpu_class()}; server kernels {s1['kernels']}"
+        print(machine, "sync 1:", s1)
+        MACHINE_NOTES.append(f"vLLM fp32: kernels {s1['kernels']}, reload refreshed {s1.get('reload', {}).get('refreshed')}")
+        assert (s1["mode"], s1["verified"], s1["kernels"]["dtype"]) == ("reload", True, "float32"), machine
+        prompt = tok.encode("I want a refund for my flight.")
+        out = ServerGenerator(ep.base_url, ep.model).generate(prompt, Sampling(max_tokens=16), seed=3)
+        lp_b = np.array(recompute_logprobs(model_b, prompt + out.token_ids, len(prompt)))
+        assert np.abs(lp_b - out.logprobs).max() < FP32_ATOL, machine
+
+        # one ulp of one element of a packed linear weight, moved in the served copy after the reload
+        (run / "fault").write_text("flip:model.layers.0.self_attn.o_proj.weight")
+        publish_checkpoint(run, 2, _small_step(model_b, seed=2), tok)
+        wait_for_version(run, "step-000002", timeout_s=300)
+        s2 = read_syncs(run)[-1]
+        print("sync 2:", s2)
+        (run / "fault").write_text("")
+        assert (s2["mode"], s2["verified"], s2["digest_equal"]) == ("restart", True, True), machine   # restart: exact
+        assert s2["attempts"][0]["error"].startswith("FAIL") and "digest: DIFFERS (float32): model.layers.0.self_attn." \
+            "o_proj.weight (" + ("packed kernel copy" if PACKED & set(s1["kernels"]["paths"]) else "parameter") \
+            in s2["attempts"][0]["error"], s2["attempts"]
+
+        damaged = run / "checkpoints" / "step-000003"      # meant to hold model A; holds B's files
+        model_b.save_pretrained(damaged)
+        tok.save_pretrained(damaged)
+        mark_ready(run, 3, damaged, compute_fingerprint(model_a, tok), model_digests(model_a, ["float32"]))
+        with pytest.raises(EndpointError, match="refused weights step-000003"):
+            wait_for_version(run, "step-000003", timeout_s=300)
+        s3 = read_syncs(run)[-1]
+        print("sync 3:", s3)
+        assert (s3["version"], s3["verified"], s3["mode"], s3["served_as"]) == ("step-000003", False, "restart",
+                                                                               "rejected:step-000003"), machine
+        assert s3["attempts"][0]["mode"] == "reload" and s3["attempts"][0]["error"].startswith("FAIL")
+        assert s3["probe_mean_err"] > 10 * s3["probe_tol"] and s3["digest_equal"] is False
+        new = read_endpoint(run)
+        assert new.version == "rejected:step-000003" and [m["weight_version"] for m in _models(new)] == [new.version]
+        assert new.port == ep.port and new.pid != ep.pid and not _pid_alive(ep.pid)   # the restart happened
+        check = _serve_check(run)
+        assert check.returncode == 1 and check.stdout.startswith("FAIL: serves rejected:step-000003"), check.stdout
+        policy = make_policy("tokens", endpoint=str(run), max_tokens=8, response_budget=16)
+        with pytest.raises(UntrustedWeights, match="rejected:step-000003"):
+            collect_group(tasks_by_id["retail-order_status-000"], get_domain("retail"), policy, ScriptedUser(), None,
+                          group=0, n=1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        log, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, log
+    assert "REFUSED" in log and not (run / "endpoint.json").exists() and not _pid_alive(new.pid)
+
+
 def test_server_job_publishes_its_endpoint(served):
     run, ep, job = served
     assert ep.model == "policy" and ep.version == "base" and ep.job_id == job and _pid_alive(ep.pid)
@@ -269,72 +340,3 @@ def test_digests_refuse_what_the_probe_cannot_tell_apart(served, tiny_dir_b, tas
         collect_group(tasks_by_id["retail-order_status-000"], get_domain("retail"), policy, ScriptedUser(), None,
                       group=0, n=1)
     (run / "fault").write_text("")
-
-
-def test_fp32_sync_then_a_damaged_checkpoint_is_refused(tmp_path, tiny_dir, tiny_dir_b, tasks_by_id):
-    """A local server in fp32 (oneDNN kernels with packed weights on every x86 here): step 1
-    reloads exactly; step 2's reload moves one element of a packed weight by one ulp (test fault),
-    so its digest check fails and the restart on the checkpoint (exact) is verified instead;
-    step 3's files on disk are not the weights its marker describes (a damaged copy), so the
-    reload fails its check, the restart on the checkpoint fails it too, and the server says
-    `rejected:step-000003`: nothing waiting for step 3 proceeds, no sample from it becomes a
-    training row, `tbhpc serve-check` says FAIL."""
-    run = tmp_path / "run"
-    run.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "tbhpc.cli", "serve", str(run), f"model={tiny_dir}", *SERVE_OPTS,
-                             "cpu_threads=1", "dtype=float32"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=_with_fault_file(run))
-    try:
-        ep = _wait_endpoint(run, lambda: proc.poll() is None)
-        model_a, model_b = AutoModelForCausalLM.from_pretrained(tiny_dir), AutoModelForCausalLM.from_pretrained(tiny_dir_b)
-        tok = AutoTokenizer.from_pretrained(tiny_dir_b)
-        publish_checkpoint(run, 1, model_b, tok)
-        wait_for_version(run, "step-000001", timeout_s=120)
-        s1 = read_syncs(run)[-1]
-        machine = f"{cpu_class()}; server kernels {s1['kernels']}"
-        print(machine, "sync 1:", s1)
-        MACHINE_NOTES.append(f"vLLM fp32: kernels {s1['kernels']}, reload refreshed {s1.get('reload', {}).get('refreshed')}")
-        assert (s1["mode"], s1["verified"], s1["kernels"]["dtype"]) == ("reload", True, "float32"), machine
-        prompt = tok.encode("I want a refund for my flight.")
-        out = ServerGenerator(ep.base_url, ep.model).generate(prompt, Sampling(max_tokens=16), seed=3)
-        lp_b = np.array(recompute_logprobs(model_b, prompt + out.token_ids, len(prompt)))
-        assert np.abs(lp_b - out.logprobs).max() < FP32_ATOL, machine
-
-        # one ulp of one element of a packed linear weight, moved in the served copy after the reload
-        (run / "fault").write_text("flip:model.layers.0.self_attn.o_proj.weight")
-        publish_checkpoint(run, 2, _small_step(model_b, seed=2), tok)
-        wait_for_version(run, "step-000002", timeout_s=300)
-        s2 = read_syncs(run)[-1]
-        print("sync 2:", s2)
-        (run / "fault").write_text("")
-        assert (s2["mode"], s2["verified"], s2["digest_equal"]) == ("restart", True, True), machine   # restart: exact
-        assert s2["attempts"][0]["error"].startswith("FAIL") and "digest: DIFFERS (float32): model.layers.0.self_attn." \
-            "o_proj.weight (" + ("packed kernel copy" if PACKED & set(s1["kernels"]["paths"]) else "parameter") \
-            in s2["attempts"][0]["error"], s2["attempts"]
-
-        damaged = run / "checkpoints" / "step-000003"      # meant to hold model A; holds B's files
-        model_b.save_pretrained(damaged)
-        tok.save_pretrained(damaged)
-        mark_ready(run, 3, damaged, compute_fingerprint(model_a, tok), model_digests(model_a, ["float32"]))
-        with pytest.raises(EndpointError, match="refused weights step-000003"):
-            wait_for_version(run, "step-000003", timeout_s=300)
-        s3 = read_syncs(run)[-1]
-        print("sync 3:", s3)
-        assert (s3["version"], s3["verified"], s3["mode"], s3["served_as"]) == ("step-000003", False, "restart",
-                                                                               "rejected:step-000003"), machine
-        assert s3["attempts"][0]["mode"] == "reload" and s3["attempts"][0]["error"].startswith("FAIL")
-        assert s3["probe_mean_err"] > 10 * s3["probe_tol"] and s3["digest_equal"] is False
-        new = read_endpoint(run)
-        assert new.version == "rejected:step-000003" and [m["weight_version"] for m in _models(new)] == [new.version]
-        assert new.port == ep.port and new.pid != ep.pid and not _pid_alive(ep.pid)   # the restart happened
-        check = _serve_check(run)
-        assert check.returncode == 1 and check.stdout.startswith("FAIL: serves rejected:step-000003"), check.stdout
-        policy = make_policy("tokens", endpoint=str(run), max_tokens=8, response_budget=16)
-        with pytest.raises(UntrustedWeights, match="rejected:step-000003"):
-            collect_group(tasks_by_id["retail-order_status-000"], get_domain("retail"), policy, ScriptedUser(), None,
-                          group=0, n=1)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        log, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, log
-    assert "REFUSED" in log and not (run / "endpoint.json").exists() and not _pid_alive(new.pid)

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tbhpc.serve.vllm_ext.tbhpc_digest import hexd, tensor_digest, total_digest
-
 TIED_HEAD = "lm_head.weight"
 
 
@@ -29,6 +27,7 @@ def state_digest(state: dict[str, Any], dtype: str, tied_embeddings: bool = Fals
     """{"dtype", "tensors": {name: hex} in the state dict's order, "total", "digest_s"} of the
     floating-point tensors of a state dict, each cast to `dtype`. With tied embeddings the head is
     listed under its own name too (the server reads it through the head's kernel)."""
+    from tbhpc.serve.vllm_ext.tbhpc_digest import hexd, tensor_digest, total_digest   # torch: loaded when used
     t0 = time.perf_counter()
     tensors = {name: hexd(tensor_digest(t, dtype)) for name, t in state.items()
                if getattr(t, "is_floating_point", lambda: False)()}
