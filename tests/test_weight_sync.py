@@ -166,7 +166,19 @@ def _publish(tmp_path, step, fingerprint=True, digests=("float32",)):
     return str(path)
 
 
+def _logged_when_announced(tmp_path, monkeypatch) -> list:
+    """(version announced, versions in weight_sync.jsonl at that moment) for every endpoint write."""
+    seen, write = [], sup_mod.write_endpoint
+
+    def spy(run, ep):
+        seen.append((ep.version, [e.get("version") for e in read_syncs(tmp_path)]))
+        return write(run, ep)
+    monkeypatch.setattr(sup_mod, "write_endpoint", spy)
+    return seen
+
+
 def test_an_exact_reload_is_checked_then_announced(tmp_path, monkeypatch):
+    seen = _logged_when_announced(tmp_path, monkeypatch)
     s, servers = _supervisor(tmp_path, monkeypatch)
     assert read_endpoint(tmp_path).version == "base"
     _publish(tmp_path, 1)
@@ -176,6 +188,7 @@ def test_an_exact_reload_is_checked_then_announced(tmp_path, monkeypatch):
     assert entry["reload"] == {"refreshed": ["lm_head"]} and entry["kernels"]["paths"] == {"onednn": 10}
     assert read_endpoint(tmp_path).version == "step-000001" and len(servers) == 1
     assert s.sync_if_new() is None                                  # nothing newer: nothing happens
+    assert seen[-1] == ("step-000001", ["step-000001"])             # its log line exists once it is announced
 
 
 def test_an_inexact_reload_falls_back_to_a_restart_that_is_checked_too(tmp_path, monkeypatch):
@@ -191,6 +204,7 @@ def test_an_inexact_reload_falls_back_to_a_restart_that_is_checked_too(tmp_path,
 
 
 def test_a_checkpoint_that_never_matches_is_refused_not_announced(tmp_path, monkeypatch, capsys):
+    seen = _logged_when_announced(tmp_path, monkeypatch)
     damaged = str(tmp_path / "checkpoints" / "step-000002")
     s, servers = _supervisor(tmp_path, monkeypatch, corrupt=(damaged,))
     _publish(tmp_path, 1)
@@ -204,6 +218,7 @@ def test_a_checkpoint_that_never_matches_is_refused_not_announced(tmp_path, monk
     assert "REFUSED" in capsys.readouterr().err
     assert [e["verified"] for e in read_syncs(tmp_path)] == [True, False]
     assert s.sync_if_new() is None                                  # refused once, not retried in a loop
+    assert ("rejected:step-000002", ["step-000001", "step-000002"]) in seen   # logged before it is said
     with pytest.raises(EndpointError, match="refused weights step-000002"):
         wait_for_version(tmp_path, "step-000002", timeout_s=1)
     _publish(tmp_path, 3)                                           # the next good checkpoint recovers

@@ -158,14 +158,14 @@ class Supervisor:
         served = self.server.weight_version()
         if served != provisional:
             raise EndpointError(f"weight sync: server reports {served!r} after loading {pub.version!r}")
-        self._announce(pub.version)
         done = time.time()
         entry.update({"version": pub.version, "step": pub.step, "mode": mode, "sync_s": round(done - t0, 4),
                       "lag_s": round(done - pub.published_at, 4), "published_at": pub.published_at,
                       "served_at": done, "path": str(pub.path), "kernels": self.kernels})
         entry.update(check.to_json() if check else {"verified": None})
         entry.update(self._step_delta(pub, previous))
-        record_sync(self.run, entry)
+        record_sync(self.run, entry)        # logged before announced: whoever sees step-N finds its line
+        self._announce(pub.version)
         how = f"verified: {check.summary()}" if check else "NOT verified (verify=false)"
         self.log(f"serve: now serving {pub.version} ({mode} {entry['sync_s']:.2f} s, {entry['lag_s']:.2f} s after "
                  f"publish; {how})")
@@ -209,7 +209,6 @@ class Supervisor:
     def _refuse(self, pub: Published, refusal: SyncRefused, entry: dict, previous: Published | None = None) -> dict:
         """Leave `rejected:step-N` on the server and in endpoint.json; record why, loudly."""
         version = REJECTED + pub.version
-        self._announce(version)
         reason = str(refusal)
         entry.update({"version": pub.version, "step": pub.step, "verified": False, "served_as": version,
                       "error": reason, "published_at": pub.published_at, "path": str(pub.path),
@@ -217,7 +216,8 @@ class Supervisor:
         if refusal.verdict is not None:     # every figure: errors measured, tolerance, digest result
             entry.update({k: v for k, v in refusal.verdict.to_json().items() if k != "verified"})
         entry.update(self._step_delta(pub, previous))
-        record_sync(self.run, entry)
+        record_sync(self.run, entry)        # logged before announced: wait_for_version quotes this line
+        self._announce(version)
         msg = f"serve: ERROR: weight sync to {pub.version} REFUSED: {reason}; the server says {version}"
         self.log(msg)
         print(msg, file=sys.stderr, flush=True)
