@@ -71,18 +71,31 @@ def workers_born_ignoring_sigint() -> Iterator[None]:
     """Processes started inside the block start with SIGINT blocked (a signal mask survives exec,
     a handler does not) until `ignore_in_worker` ignores it, so a Ctrl-C while they import cannot
     print a traceback from them (the resource tracker of multiprocessing starts the same way).
-    A SIGINT to this process inside the block is held and raised when the block ends."""
+    A SIGINT to this process inside the block is held and raised once the block ends: the mask
+    holds one aimed at this thread, and a handler that only records holds one the kernel gives to
+    another thread (rich's refresher: Python would still raise it here, in the middle of a
+    Process.start(), and the half-started child would die with a traceback)."""
     from multiprocessing import resource_tracker
     resource_tracker.ensure_running()  # now, not inside the block: starting it unblocks SIGINT
+    held: list[int] = []
     try:
-        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    except (ValueError, OSError):
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    except ValueError:                 # not the main thread: no handler of ours runs here anyway
         yield
         return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
+        if signal.SIGINT in signal.sigpending():
+            signal.sigwait({signal.SIGINT})    # consume the one the mask held (it is blocked: no race)
+            held.append(signal.SIGINT)
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        signal.signal(signal.SIGINT, previous)
+        if held and previous is not signal.SIG_IGN:   # now what the interrupt would have done
+            if callable(previous):
+                previous(signal.SIGINT, None)
+            raise KeyboardInterrupt
 
 
 def stop_children(grace_s: float = 2.0) -> int:
