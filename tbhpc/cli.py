@@ -197,6 +197,8 @@ def entry() -> None:
     except KeyboardInterrupt:   # one more Ctrl-C between the report and here
         code = EXIT_INTERRUPTED
     if code == EXIT_INTERRUPTED:
+        from tbhpc.interrupts import release_multiprocessing_resources
+        release_multiprocessing_resources()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

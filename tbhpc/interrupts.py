@@ -98,6 +98,17 @@ def workers_born_ignoring_sigint() -> Iterator[None]:
             raise KeyboardInterrupt
 
 
+def release_multiprocessing_resources() -> None:
+    """What multiprocessing does at a normal exit, for an exit through os._exit: the named
+    semaphores of pools and queues still referenced (from a traceback, say) are unlinked and
+    unregistered, so the resource tracker has no 'leaked semaphore' warning to print after us."""
+    from multiprocessing import util
+    try:
+        util._run_finalizers(0)   # exit priority >= 0: SemLock clean-ups, queue closes (not joins)
+    except Exception:
+        pass
+
+
 def stop_children(grace_s: float = 2.0) -> int:
     """Terminate this process's multiprocessing children (SIGTERM, then SIGKILL after `grace_s`).
     Returns how many there were."""
@@ -130,6 +141,7 @@ def _exit_now(signum, frame) -> None:  # pragma: no cover - exercised through a 
         sys.stderr.write("\ntbhpc: interrupted again: stopped at once (finished shards are kept; "
                          "re-run the same command to resume)\n")
         sys.stderr.flush()
+        release_multiprocessing_resources()
     finally:
         os._exit(EXIT_INTERRUPTED)
 
