@@ -7,6 +7,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def add_model_args(ap) -> None:
+    """--models, --dtypes, --threads: the options both serving benchmarks take."""
+    ap.add_argument("--models", default="tiny,smollm2")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--threads", type=int, default=2)
+
+
 def model_dirs(names: list[str], tmp: Path, console) -> dict[str, Path]:
     out = {}
     for name in names:

@@ -25,7 +25,7 @@ from tbhpc.serve.digest import compare, model_digests
 from tbhpc.serve.server import VLLMServer
 from tbhpc.serve.verify import served_digest
 
-from serving_models import model_dirs
+from serving_models import add_model_args, model_dirs
 
 
 def bench_one(name: str, path: Path, dtype: str, threads: int, tmp: Path) -> tuple:
@@ -61,9 +61,7 @@ def bench_one(name: str, path: Path, dtype: str, threads: int, tmp: Path) -> tup
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="tiny,smollm2")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--threads", type=int, default=2)
+    add_model_args(ap)
     args = ap.parse_args()
     console = Console(width=200)
     rows = []

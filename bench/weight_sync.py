@@ -32,7 +32,7 @@ from tbhpc.serve.fingerprint import Fingerprint, default_tol, distance, served_l
 from tbhpc.serve.server import VLLMServer
 from tbhpc.serve.verify import check_weights
 
-from serving_models import model_dirs
+from serving_models import add_model_args, model_dirs
 
 
 def perturbed(model, seed: int, scale: float = 0.05):
@@ -99,9 +99,7 @@ def bench_one(console: Console, name: str, model_dir: Path, dtype: str, threads:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="tiny,smollm2")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--threads", type=int, default=2)
+    add_model_args(ap)
     args = ap.parse_args()
     console = Console(width=200)
     with tempfile.TemporaryDirectory() as tmp:
