@@ -94,8 +94,8 @@ def served_digests(model, dtype: torch.dtype, kernel_path, shards: int = 1) -> d
             for base, r0, nrows in _row_shards(mname, module, x.shape[0] if x.ndim else 1, packed):
                 part = x[r0:r0 + nrows] if x.ndim else x
                 _add(table, f"{base}.{pname}", "param", block_digest(part), part.shape)
-        if kernel_path(module) in PACKED_PATHS and _kernel_blocks(module):
-            n, k = _kernel_blocks(module)
+        if kernel_path(module) in PACKED_PATHS and (shape := _kernel_blocks(module)):
+            n, k = shape
             shards = _row_shards(mname, module, n, packed)
             for k0, w in read_kernel_weight(module, dtype):
                 for base, r0, nrows in shards:
