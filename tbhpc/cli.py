@@ -59,7 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("pack", nargs="?", default=None, help="pack file or directory, or tb:DIR (default: bundled pack)")
         p.add_argument("--format", choices=("table", "json"), default="table")
         if name == "validate":
-            p.add_argument("--servers", default=None, help="tb: sources: also start each scenario's servers and check its tools")
+            p.add_argument("--servers", default=None, help="tb: sources: also start each scenario's servers, check its "
+                                                           "tools and one real __reserved__init")
+            p.add_argument("--tasks", type=Path, default=None, help="tb: sources: only the tasks this test list names")
+            p.add_argument("--strict", action="store_true", help="tb: sources: a test file tbhpc cannot grade is an "
+                                                                 "error (default: skipped, with its reason)")
         if name == "list":
             p.add_argument("--domain")
             p.add_argument("--split", choices=("train", "eval"))

@@ -57,7 +57,7 @@ def run(args) -> int:
         res = run_campaign(cfg, args.out, make_executor(args.executor, cfg.workers, cfg.slurm), console)
         print(f"{args.out}: {res.planned} planned, {res.already_done} already done, {res.executed} executed "
               f"({res.ok} ok, {res.system_errors} system errors), {res.missing} still to run")
-        if res.missing:
+        if res.missing or res.system_errors:   # why, even when every re-run has since succeeded
             from tbhpc.campaign.runner import system_error_causes
             for kind, message, n in system_error_causes(RunDir(args.out)):
                 print(f"  system errors: {n} x {kind}: {message}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import yaml
@@ -38,7 +39,14 @@ def run(args) -> int:
     from tbhpc.tb.dataset import TBDataset, is_tb_source
     tb = is_tb_source(args.pack)
     pack = args.pack if tb else resolve_pack(args.pack)
-    tasks = TBDataset(pack).tasks() if tb else load_pack(pack)
+    if tb:
+        from tbhpc.tasks.loader import read_id_list
+        dataset = TBDataset(pack, strict=getattr(args, "strict", False))
+        tasks = dataset.tasks(read_id_list(args.tasks) if getattr(args, "tasks", None) else None)
+        for file, why in dataset.skipped.items():
+            print(f"tbhpc: skipped {file}: {why}", file=sys.stderr)
+    else:
+        tasks = load_pack(pack)
     if args.tasks_cmd == "list":
         rows = [t for t in tasks if (not args.domain or t.domain == args.domain) and (not args.split or t.split == args.split)]
         if args.format == "json":
@@ -62,9 +70,18 @@ def run(args) -> int:
         if getattr(args, "servers", None):
             from tbhpc.env.registry import preflight
             preflight(tasks, args.servers)
+        from tbhpc.agents import unanswerable_rubrics
         scenarios = sorted({t.domain for t in tasks})
-        msg = f"OK: {len(tasks)} tasks in {len(scenarios)} scenario(s)" + ("" if args.servers else " (servers not checked: --servers FILE)")
-        print(json.dumps({"ok": True, "tasks": len(tasks)}) if args.format == "json" else msg)
+        no_keywords = unanswerable_rubrics(tasks, "keyword")
+        msg = (f"OK: {len(tasks)} tasks in {len(scenarios)} scenario(s)"
+               + (f"; skipped {len(dataset.skipped)} file(s) tbhpc cannot grade (above; --strict makes them errors)"
+                  if dataset.skipped else "")
+               + ("" if args.servers else " (servers not checked: --servers FILE)"))
+        if no_keywords:
+            msg += (f"\nnote: {len(no_keywords)} task(s) have yes/no rubrics without keywords: run them with an LLM "
+                    "judge (judge=openai judge_url=URL) or rubrics=skip")
+        print(json.dumps({"ok": True, "tasks": len(tasks), "skipped_files": dataset.skipped,
+                          "rubrics_without_keywords": len(no_keywords)}) if args.format == "json" else msg)
         return 0
     from tbhpc.tasks.checked import check_pack
     check_pack(pack, tasks)

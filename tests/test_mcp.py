@@ -114,7 +114,7 @@ def test_a_server_that_fails_or_hangs_is_a_system_error_never_a_zero(tb, tmp_pat
     crash = _servers(tmp_path, "retail", [sys.executable, "-c", "import sys; sys.stderr.write('boom: no licence\\n'); sys.exit(3)"])
     res = run_episode(task, Environments(crash).for_task(task), OraclePolicy(), ScriptedUser())
     assert (res.status, res.reward, res.error_kind) == ("system_error", None, "tool_server")
-    assert "failed to start" in res.error and "boom: no licence" in res.error
+    assert res.error == "tool server retail: exited with status 3 before it was ready (stderr: boom: no licence)"
     hang = _servers(tmp_path, "retail", [sys.executable, "-c", "import time; time.sleep(30)"], startup_timeout_s=1.5)
     res = run_episode(task, Environments(hang).for_task(task), OraclePolicy(), ScriptedUser())
     assert res.status == "system_error" and "not ready after 2s" in res.error
@@ -285,16 +285,17 @@ class _KillServersMidEpisode:
 
 
 def _server_pids() -> list[int]:
-    me, out = os.getpid(), []
+    """This process's tool servers (each runs under a `sh` of ours that reports its exit status)."""
+    me, parent, cmds = os.getpid(), {}, {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
-            cmd = (stat.parent / "cmdline").read_bytes()
+            cmds[int(stat.parent.name)] = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == me and b"mcp-serve" in cmd:
-            out.append(int(stat.parent.name))
-    return out
+        parent[int(stat.parent.name)] = int(fields[1])
+    return [pid for pid, cmd in cmds.items() if b"mcp-serve" in cmd and not cmd.startswith(b"/bin/sh\0")
+            and me in (parent.get(pid), parent.get(parent.get(pid)))]
 
 
 def test_a_server_that_dies_mid_episode_is_a_system_error_and_the_next_attempt_recovers(tb):

@@ -7,6 +7,7 @@ import pytest
 
 from tbhpc.errors import PackError, UserError
 from tbhpc.tb.dataset import TBDataset, merge_init
+from tbhpc.tb.checks import UngradableFile
 from tbhpc.tb.testfile import parse_test_file
 
 SCENARIO = """\
@@ -24,18 +25,12 @@ tools:
 bot_instructions: You are the shop's support agent.
 """
 
-HOSTILE = '''\
+CLEAN = '''\
 """!
 scenario: shop_support
 tags: [shop]
 """
 import os
-open(os.environ["TBHPC_MARKER"], "w").write("executed")   # would run on import or exec
-raise RuntimeError("this file was executed")
-
-
-def validate_database(x):
-    raise RuntimeError("a helper ran")
 
 
 def test_cancel(x, judge):
@@ -71,8 +66,18 @@ def not_a_test(x):
     return 1
 '''
 
+# the same tests in a file that would run code when loaded, and whose helper raises
+HOSTILE = CLEAN.replace("import os\n", '''import os
+open(os.environ["TBHPC_MARKER"], "w").write("executed")   # would run on import or exec
+raise RuntimeError("this file was executed")
 
-def _dataset(tmp_path: Path, test_file: str = HOSTILE, name: str = "shop_support_group1.py", folder: str = "shop_support") -> Path:
+
+def validate_database(x):
+    raise RuntimeError("a helper ran")
+''')
+
+
+def _dataset(tmp_path: Path, test_file: str = CLEAN, name: str = "shop_support_group1.py", folder: str = "shop_support") -> Path:
     (tmp_path / "dataset" / "scenario").mkdir(parents=True)
     (tmp_path / "dataset" / "scenario" / "shop_support.yaml").write_text(SCENARIO)
     d = tmp_path / "dataset" / "test_case" / folder
@@ -81,17 +86,15 @@ def _dataset(tmp_path: Path, test_file: str = HOSTILE, name: str = "shop_support
     return tmp_path
 
 
-def test_a_hostile_file_is_parsed_never_run(tmp_path, monkeypatch):
-    marker = tmp_path / "marker"
-    monkeypatch.setenv("TBHPC_MARKER", str(marker))
+def test_a_file_is_read_from_its_docstrings(tmp_path):
     root = _dataset(tmp_path)
     tests = parse_test_file(root / "dataset/test_case/shop_support/shop_support_group1.py")
     assert [t.name for t in tests] == ["test_cancel", "test_refund_words"]
     assert tests[0].config["scenario"] == "shop_support" and tests[0].config["tags"] == ["shop", "cancel"]
     assert tests[0].checks == ("validate_database",)
     assert tests[1].checks == ("validate_database", "validate_rubrics_yesno")
+    assert tests[0].servers == {"validate_database": None}     # no helper of its own: tbhpc's check, every server
     tasks = TBDataset(root).tasks(["shop_support_group1.py:test_refund_words", "shop_support_group1.py:test_cancel"])
-    assert not marker.exists()                 # nothing in the file ever ran
     refund, cancel = tasks
     assert cancel.id == "shop_support_group1.py:test_cancel" and cancel.domain == "shop_support"
     assert cancel.max_user_turns == 4 and cancel.tags == ("shop", "cancel")
@@ -100,7 +103,30 @@ def test_a_hostile_file_is_parsed_never_run(tmp_path, monkeypatch):
     assert cancel.backend["init"]["shop"]["data_patch"] == {"orders": [{"id": "O1", "status": "pending"}]}
     assert cancel.backend["max_agent_turns"] is None
     assert [r.question for r in refund.rubrics_yesno] == ["Does the message mention the 30-day window?"]
-    assert refund.max_user_turns == 10
+    assert refund.max_user_turns == 10 and "graded_servers" not in refund.backend
+
+
+def test_a_file_that_would_run_code_is_never_run_and_is_skipped_with_its_reason(tmp_path, monkeypatch):
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("TBHPC_MARKER", str(marker))
+    root = _dataset(tmp_path, HOSTILE)
+    (root / "dataset/test_case/shop_support/shop_support_other.py").write_text(CLEAN)
+    path = root / "dataset/test_case/shop_support/shop_support_group1.py"
+    why = ("line 6: the file runs code of its own when loaded (`open(os.environ['TBHPC_MARKER'], 'w').write('executed')`); "
+           "the reference would run it before every test, and tbhpc never runs test files")
+    with pytest.raises(UngradableFile) as err:
+        parse_test_file(path)
+    assert str(err.value) == f"{path}: {why}"
+    ds = TBDataset(root)
+    assert [t.id for t in ds.tasks()] == ["shop_support_other.py:test_cancel", "shop_support_other.py:test_refund_words"]
+    assert ds.skipped == {"shop_support/shop_support_group1.py": why}
+    with pytest.raises(UngradableFile):
+        TBDataset(root, strict=True).tasks()
+    with pytest.raises(UserError) as err:
+        ds.tasks(["shop_support_other.py:test_cancel", "shop_support_group1.py:test_cancel"])
+    assert str(err.value) == (f"task shop_support_group1.py:test_cancel is in a file tbhpc cannot grade (it never runs "
+                              f"test files): {path}: {why}")
+    assert not marker.exists()                 # nothing in the file ever ran
 
 
 def test_bare_file_names_resolve_under_their_prefix_folder(tmp_path):

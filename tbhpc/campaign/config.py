@@ -42,6 +42,7 @@ class CampaignConfig:
     judge: str = "keyword"             # keyword | openai
     judge_url: str | None = None
     judge_model: str = "default"
+    rubrics: str = "judge"             # judge | skip: grade yes/no rubrics, or not (recorded per attempt as rubrics_skipped)
     seed: int = 0
     workers: int = 1                   # execution only
     concurrency: int = 1               # episodes in flight per worker (threads; a batched generator serves them together;
@@ -53,6 +54,8 @@ class CampaignConfig:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise UserError(f"campaign config: field 'kind' must be probe or eval, got {self.kind!r}")
+        if self.rubrics not in ("judge", "skip"):
+            raise UserError(f"campaign config: field 'rubrics' must be judge or skip, got {self.rubrics!r}")
         if self.split not in ("train", "eval", "all"):
             raise UserError(f"campaign config: field 'split' must be train, eval or all, got {self.split!r}")
         for name in ("repeats", "workers", "chunk_size", "concurrency"):
@@ -87,6 +90,8 @@ class CampaignConfig:
         d = asdict(self)
         for k in EXECUTION_FIELDS:
             d.pop(k)
+        if d["rubrics"] == "judge":       # the default: campaigns made before the field existed keep their hash
+            d.pop("rubrics")
         d["policy_id"] = self.resolved_policy_id
         return d
 
@@ -112,9 +117,13 @@ def pack_path(cfg: CampaignConfig) -> Path | str:
     return resolve_pack(cfg.pack)
 
 
-def select_tasks(cfg: CampaignConfig) -> list[Task]:
+def select_tasks(cfg: CampaignConfig, skipped: dict[str, str] | None = None) -> list[Task]:
+    """The campaign's tasks; `skipped` (if given) receives the ThinkingBox files left out, and why."""
     if is_tb_source(cfg.pack):
-        tasks = TBDataset(cfg.pack).tasks(read_task_ids(Path(cfg.tasks)) if cfg.tasks else None)
+        dataset = TBDataset(cfg.pack)
+        tasks = dataset.tasks(read_task_ids(Path(cfg.tasks)) if cfg.tasks else None)
+        if skipped is not None:
+            skipped.update(dataset.skipped)
     else:
         tasks = _pack_tasks(cfg)
     if cfg.domains:

@@ -7,6 +7,7 @@ executes exactly the missing work.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,6 +17,7 @@ from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 
+from tbhpc.agents import check_judge
 from tbhpc.campaign.config import CampaignConfig, identity_hash, pack_hash, pack_path, plan_rows, select_tasks
 from tbhpc.campaign.executors import Executor, LocalExecutor
 from tbhpc.config import resolved
@@ -42,8 +44,11 @@ class CampaignResult:
 def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict]]:
     """Create the run directory, or check that an existing one holds the same campaign."""
     check_run_folder(Path(out), cfg.kind)
-    tasks = select_tasks(cfg)
-    preflight(tasks, cfg.servers)
+    skipped: dict[str, str] = {}
+    tasks = select_tasks(cfg, skipped)
+    for file, why in skipped.items():
+        print(f"tbhpc: skipped {file}: {why}", file=sys.stderr)
+    check_judge(tasks, cfg.judge, cfg.rubrics)
     digest = pack_hash(pack_path(cfg))
     chash = identity_hash(cfg, digest)
     run = RunDir(Path(out))
@@ -57,7 +62,9 @@ def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict]]:
                     f"policy {old_pid!r} is now {new_pid!r} (the served weights changed?)" if old_pid != new_pid else
                     "the task pack changed")
             raise UserError(f"{run.path}: holds a different campaign ({what}); use a new --out directory")
+        preflight(tasks, cfg.servers)      # after the cheap checks: a refused resume starts no server
         return run, rows
+    preflight(tasks, cfg.servers)
     campaign = {"campaign": cfg.name, "kind": cfg.kind, "policy_id": cfg.resolved_policy_id, "config_hash": chash,
                 "pack_hash": digest, "config": resolved(cfg), "created_at": datetime.now(timezone.utc).isoformat(sep=" ")[:26],
                 "source": "tbhpc"}
@@ -80,6 +87,16 @@ def degraded(run: RunDir) -> list[tuple[str, int, int]]:
                            "WHERE env_degraded IS NOT NULL GROUP BY 1 ORDER BY 1").fetchall()
     finally:
         con.close()
+
+
+def rubrics_skipped(run: RunDir) -> list[tuple[int, int]]:
+    """(attempts, tasks) graded without their yes/no rubrics (rubrics=skip); empty if none."""
+    con = connect(run, read_only=True)
+    try:
+        row = con.execute("SELECT count(*), count(DISTINCT task_id) FROM attempts WHERE rubrics_skipped > 0").fetchone()
+    finally:
+        con.close()
+    return [row] if row[0] else []
 
 
 def system_error_causes(run: RunDir, limit: int = 3) -> list[tuple[str, str, int]]:
@@ -143,6 +160,9 @@ def run_campaign(cfg: CampaignConfig, out: Path, executor: Executor | None = Non
             console.print(f"[red]warning[/]: {line}")
         for what, n, tasks in degraded(run):
             console.print(f"[yellow]note[/]: {n} attempt(s) of {tasks} task(s) ran with env_degraded = {what!r}")
+        for n, tasks in rubrics_skipped(run):
+            console.print(f"[yellow]note[/]: {n} attempt(s) of {tasks} task(s) were graded without their yes/no rubrics "
+                          "(rubrics=skip: a pass means the database matched; attempts.rubrics_skipped)")
         remaining, _ = pending_keys(run, rows)
         result = CampaignResult(planned, planned - len(keys), counts["ok"] + counts["err"], counts["ok"], counts["err"],
                                 len(remaining), final)

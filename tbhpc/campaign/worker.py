@@ -6,6 +6,7 @@ directory alone, so local processes, Slurm array tasks and MPI ranks all start t
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -69,11 +70,16 @@ class Worker:
 
     def attempt(self, task_id: str, index: int) -> dict:
         task = self.tasks[task_id]
+        skipped = len(task.rubrics_yesno) if self.cfg.rubrics == "skip" else 0
+        if skipped:     # graded on the database only, and the row says so
+            task = dataclasses.replace(task, rubrics_yesno=())
         started = datetime.now(timezone.utc)
         res = run_episode(task, self.envs.for_task(task), self.policy, self.user, self.judge,
                           seed=attempt_seed(self.cfg.seed, task_id, index))
-        return attempt_row(res, self.campaign["campaign"], self.campaign["policy_id"], index, started,
-                           self.run.blobs if self.cfg.transcripts else None, self.cfg.transcripts)
+        row = attempt_row(res, self.campaign["campaign"], self.campaign["policy_id"], index, started,
+                          self.run.blobs if self.cfg.transcripts else None, self.cfg.transcripts)
+        row["rubrics_skipped"] = skipped or None
+        return row
 
 
 def attempt_row(res: EpisodeResult, campaign: str, policy_id: str, index: int, started: datetime,

@@ -62,19 +62,24 @@ class Environments:
 
 
 def preflight(tasks: list[Task], servers_file: str | Path | None) -> None:
-    """Before a campaign plans anything: every MCP task's servers are defined, start, and offer
-    every tool its scenario whitelists (one process per server, started together). A mistake
-    in the servers file or the scenario is then one clear line, not a crash in an array task."""
+    """Before a campaign plans anything: every MCP task's servers are defined, start, offer every
+    tool its scenario whitelists, and return `{}` to one real `__reserved__init` (with the first
+    task's config, then torn down). A mistake in the servers file, the scenario or the servers'
+    installation is then one clear line, not a system error on every attempt of an array task."""
     firsts: dict[tuple, Task] = {}
     for t in tasks:
         if t.backend:
             firsts.setdefault((t.backend.get("source"), t.backend.get("scenario")), t)
     if not firsts:
         return
+    from tbhpc.errors import InfraError
     envs = Environments(servers_file, announce=True)
     try:
-        for task in firsts.values():
-            envs.for_task(task).check(task)
+        for (_, scenario), task in firsts.items():
+            try:
+                envs.for_task(task).check(task)
+            except InfraError as exc:
+                raise UserError(f"{servers_file}: servers check failed for scenario {scenario} (task {task.id}): {exc}") from None
     finally:
         envs.close()
 

@@ -14,12 +14,16 @@ into the pool after its attempt instead of being replaced.
 
 Every failure to spawn, start, answer in time or stay alive is a `ToolServerError`: a system
 error of the attempt (re-run), never a 0. The server's stderr is kept in a temporary file and
-its last lines are quoted in that error.
+its last lines are quoted in that error. The SDK does not expose the process, so the command
+runs under a one-line `sh` that writes the server's exit status to that stderr when it ends:
+a server that dies says "exited with status 1" and its last stderr lines, not the SDK's
+"unhandled errors in a TaskGroup".
 """
 from __future__ import annotations
 
 import asyncio
 import atexit
+import re
 import tempfile
 import threading
 import time
@@ -48,6 +52,10 @@ class ServerSpec:
     spare: int = 1                    # processes started ahead, per worker process
     startup_timeout_s: float = 60.0
 
+
+# Runs the server as a child of `sh` (same process group, same pipes) and reports how it ended.
+_EXIT_REPORTER = '"$@"; status=$?; echo "[tbhpc] the server exited with status $status" >&2; exit $status'
+_EXIT_LINE = re.compile(r"\[tbhpc\] the server exited with status (\d+)")
 
 _LOOP: asyncio.AbstractEventLoop | None = None
 _LOOP_LOCK = threading.Lock()
@@ -82,7 +90,8 @@ class ServerConnection:
     async def _run(self) -> None:
         from mcp.client.session import ClientSession
         from mcp.client.stdio import StdioServerParameters, stdio_client
-        params = StdioServerParameters(command=self.spec.command, args=list(self.spec.args),
+        params = StdioServerParameters(command="/bin/sh", args=["-c", _EXIT_REPORTER, self.spec.name, self.spec.command,
+                                                               *self.spec.args],
                                        env=dict(self.spec.env) or None, cwd=self.spec.cwd)
         try:
             async with stdio_client(params, errlog=self.stderr) as (read, write):
@@ -111,7 +120,21 @@ class ServerConnection:
             raise ToolServerError(f"tool server {self.spec.name}: not ready after {self.spec.startup_timeout_s:.0f}s"
                                   f"{self._stderr_tail()}") from None
         except Exception as exc:
-            raise ToolServerError(f"tool server {self.spec.name}: failed to start{self._stderr_tail()}", exc) from None
+            status = self.exit_status(wait_s=2.0)
+            if status is not None:
+                raise ToolServerError(f"tool server {self.spec.name}: exited with status {status} before it was ready"
+                                      f"{self._stderr_tail()}") from None
+            raise ToolServerError(f"tool server {self.spec.name}: failed to start{self._stderr_tail()}",
+                                  _innermost(exc)) from None
+
+    def exit_status(self, wait_s: float = 0.0) -> int | None:
+        """The server's exit status once it has ended (None while it runs, or if unknown after `wait_s`)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            match = _EXIT_LINE.search(self._stderr_text())
+            if match or time.monotonic() >= deadline:
+                return int(match.group(1)) if match else None
+            time.sleep(0.05)
 
     def ping(self, timeout_s: float = 10.0) -> None:
         self._wait(self._request(lambda s: s.send_ping()), "ping", timeout_s)
@@ -150,17 +173,28 @@ class ServerConnection:
             raise ToolServerError(f"tool server {self.spec.name}: {what} got no answer in {timeout_s:.0f}s") from None
         except Exception as exc:
             self.failure = self.failure or exc
-            dead = "" if self.alive else " (the server has stopped)"
+            status = None if self.alive else self.exit_status(wait_s=1.0)
+            dead = "" if self.alive else f" (the server {'exited with status %d' % status if status is not None else 'has stopped'})"
             raise ToolServerError(f"tool server {self.spec.name}: {what} failed{dead}{self._stderr_tail()}", exc) from None
 
-    def _stderr_tail(self, lines: int = 3) -> str:
+    def _stderr_text(self) -> str:
         try:
             self.stderr.flush()
             self.stderr.seek(0)
-            tail = [ln for ln in self.stderr.read().splitlines() if ln.strip()][-lines:]
+            return self.stderr.read()
         except (OSError, ValueError):
             return ""
+
+    def _stderr_tail(self, lines: int = 3) -> str:
+        tail = [ln for ln in self._stderr_text().splitlines() if ln.strip() and not _EXIT_LINE.search(ln)][-lines:]
         return f" (stderr: {' | '.join(tail)[:500]})" if tail else ""
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (the SDK's task groups wrap the real cause)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 class ServerPool:

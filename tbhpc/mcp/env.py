@@ -5,8 +5,9 @@ from the worker's pools; the union of their tools filtered to the scenario's whi
 whitelist order, description overrides applied); `__reserved__init(config)` on each (success is
 exactly `{}`). Tool calls go to the server that offers the tool; unknown names are answered like
 the in-process ToolBox answers them. `check_state` asks every server for
-`__reserved__geteffects()`: the attempt's state matches when every server's result hash equals
-its golden hash. `close` tears down and hands each process back to its pool.
+`__reserved__geteffects()`: the attempt's state matches when every graded server's result hash
+equals its golden hash (the servers the file's `validate_database` reads; every server when the
+file has no helper of its own). `close` tears down and hands each process back to its pool.
 """
 from __future__ import annotations
 
@@ -54,12 +55,14 @@ class MCPEnvironment:
         return MCPSession(self, task, tool_timeout_s)
 
     def check(self, task: Task) -> None:
-        """The servers this task needs are defined and start, and they offer every whitelisted tool."""
-        MCPSession(self, task, 10.0, init=False).close()
+        """The servers this task needs are defined and start, offer every whitelisted tool, and
+        accept this task's real `__reserved__init` (a server installed without its seed tables
+        starts and lists its tools, and fails only here)."""
+        MCPSession(self, task, 10.0).close()
 
 
 class MCPSession:
-    def __init__(self, env: MCPEnvironment, task: Task, tool_timeout_s: float, init: bool = True):
+    def __init__(self, env: MCPEnvironment, task: Task, tool_timeout_s: float):
         self.env, self.task, self.timeout = env, task, tool_timeout_s
         self.conns: dict[str, ServerConnection] = {}
         self.healthy = True
@@ -72,7 +75,7 @@ class MCPSession:
             for server in configs:
                 self.conns[server] = env.pools[server].acquire()
             self.tools = self._visible_tools()
-            for server, config in (configs.items() if init else ()):
+            for server, config in configs.items():
                 text, is_error = self.conns[server].call(INIT, {"config": config}, max(tool_timeout_s, 60.0))
                 if is_error or _json(text) != {}:
                     raise ToolServerError(f"tool server {server}: {INIT} did not return {{}}: {text[:300]}")
@@ -127,7 +130,10 @@ class MCPSession:
 
     def check_state(self) -> StateCheck:
         finals, goldens, diff = [], [], []
+        graded = self.task.backend.get("graded_servers") or list(self.conns)
         for server, conn in self.conns.items():
+            if server not in graded:
+                continue
             text, is_error = conn.call(EFFECTS, {}, max(self.timeout, 60.0))
             effects = _json(text)
             if is_error or not isinstance(effects, dict) or not {"result_db_hash", "golden_db_hash"} <= set(effects):
@@ -135,7 +141,7 @@ class MCPSession:
                 raise ToolServerError(f"tool server {server}: {EFFECTS} gave no result/golden hashes: {text[:300]}")
             finals.append((server, str(effects["result_db_hash"])))
             goldens.append((server, str(effects["golden_db_hash"])))
-            prefix = f"{server}: " if len(self.conns) > 1 else ""
+            prefix = f"{server}: " if len(graded) > 1 else ""
             diff += [prefix + (d if isinstance(d, str) else json.dumps(d, sort_keys=True, default=str))
                      for d in _diff_items(effects.get("diff"))]
         if len(finals) == 1:

@@ -25,6 +25,7 @@ ATTEMPT_COLUMNS: dict[str, str] = {
     "diff": "VARCHAR", "final_message": "VARCHAR",
     "train_step": "INTEGER", "policy_version": "VARCHAR",     # training rollouts only (NULL for probes and evals)
     "env_degraded": "VARCHAR",     # what the environment lacked for this attempt (e.g. no_policy_search); NULL: nothing
+    "rubrics_skipped": "INTEGER",  # yes/no rubrics left ungraded (rubrics=skip); NULL: every rubric was judged
     "transcript": "VARCHAR",       # the conversation (tbhpc.store.transcripts; system prompt and tools in `blobs`)
     "shard": "VARCHAR",
 }
@@ -60,6 +61,7 @@ ALTER TABLE attempts ADD COLUMN IF NOT EXISTS train_step INTEGER;
 ALTER TABLE attempts ADD COLUMN IF NOT EXISTS policy_version VARCHAR;
 ALTER TABLE attempts ADD COLUMN IF NOT EXISTS env_degraded VARCHAR;
 ALTER TABLE attempts ADD COLUMN IF NOT EXISTS transcript VARCHAR;
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS rubrics_skipped INTEGER;
 CREATE TABLE IF NOT EXISTS blobs (ref VARCHAR PRIMARY KEY, content VARCHAR);
 CREATE TABLE IF NOT EXISTS merged_shards (shard VARCHAR PRIMARY KEY, rows INTEGER, merged_at TIMESTAMP);
 CREATE TABLE IF NOT EXISTS quarantined_shards (shard VARCHAR PRIMARY KEY, error VARCHAR, quarantined_at TIMESTAMP);

@@ -9,7 +9,10 @@ Layout (as `thinkingbox-data`): `ROOT/dataset/scenario/<name>.yaml`, `ROOT/datas
 ROOT may also be the `dataset/` folder itself. A task id is `"<file name>:<test name>"`; a bare
 file name is found directly under `test_case/` or under the folder named by one of its
 `_`-separated prefixes, longest first (`external_booking_v1_group1.py` ->
-`test_case/external_booking_v1/`). A server's init config is the scenario's `world_state[server]`
+`test_case/external_booking_v1/`). A checkout also holds test files that are not ThinkingBox
+checks (tau-bench ports whose bodies are plain asserts): loading everything skips each such file
+and keeps its reason (`skipped`), `strict=True` makes it an error, and a test list that names a
+task in such a file is an error naming the task and the file's reason. A server's init config is the scenario's `world_state[server]`
 merged recursively with the test's `init[server]` (dicts by key, lists concatenate, else the
 test wins): `merge_init`.
 """
@@ -25,6 +28,7 @@ from typing import Any
 from tbhpc.errors import PackError, UserError
 from tbhpc.tasks.loader import read_yaml
 from tbhpc.tasks.schema import GoldenCall, Rubric, Task
+from tbhpc.tb.checks import DATABASE, RUBRICS, UngradableFile
 from tbhpc.tb.testfile import TestFunction, parse_test_file
 
 BACKEND_KIND = "tb-mcp"
@@ -70,13 +74,14 @@ def is_tb_source(pack: str | None) -> bool:
 
 
 class TBDataset:
-    def __init__(self, root: Path | str):
+    def __init__(self, root: Path | str, strict: bool = False):
         root = Path(str(root).removeprefix(SOURCE_PREFIX)).expanduser().resolve()
         base = root / "dataset" if (root / "dataset" / "scenario").is_dir() else root
         if not (base / "scenario").is_dir() or not (base / "test_case").is_dir():
             raise UserError(f"{root}: not a ThinkingBox data directory (expected dataset/scenario/ and dataset/test_case/)")
-        self.root, self.base = root, base
+        self.root, self.base, self.strict = root, base, strict
         self._scenarios: dict[str, TBScenario] = {}
+        self.skipped: dict[str, str] = {}          # file (relative to test_case/) -> why tbhpc cannot grade it
 
     @property
     def source(self) -> str:
@@ -113,7 +118,7 @@ class TBDataset:
     def tasks(self, ids: list[str] | None = None) -> list[Task]:
         """The named tasks in list order (every test of every file when `ids` is None)."""
         if ids is None:
-            return [self.to_task(fn, p) for p in self.all_files for fn in parse_test_file(p)]
+            return [self.to_task(fn, p) for p in self.all_files for fn in self._parse_or_skip(p)]
         wanted: dict[str, list[str]] = {}
         for tid in ids:
             file, sep, name = tid.partition(":")
@@ -123,12 +128,27 @@ class TBDataset:
         found: dict[str, Task] = {}
         for file, names in wanted.items():
             path = self.testfile_path(file)
-            for fn in parse_test_file(path, only=set(names)):
+            try:
+                parsed = parse_test_file(path, only=set(names))
+            except UngradableFile as exc:
+                raise UserError(f"task {file}:{names[0]} is in a file tbhpc cannot grade (it never runs test files): "
+                                f"{exc}") from None
+            for fn in parsed:
                 found[fn.id] = self.to_task(fn, path)
         missing = [t for t in ids if t not in found]
         if missing:
             raise UserError(f"task {missing[0]!r} is not a test in {self.base / 'test_case'} ({len(missing)} unknown)")
         return [found[t] for t in dict.fromkeys(ids)]
+
+    def _parse_or_skip(self, path: Path) -> list[TestFunction]:
+        try:
+            return parse_test_file(path)
+        except UngradableFile as exc:
+            if self.strict:
+                raise
+            self.skipped[str(path.relative_to(self.base / "test_case"))] = \
+                (f"task {exc.task}: " if exc.task else "") + exc.detail
+            return []
 
     def to_task(self, fn: TestFunction, path: Path) -> Task:
         cfg, where = fn.config, str(path)
@@ -142,6 +162,13 @@ class TBDataset:
         if not isinstance(init, dict) or not all(isinstance(v, dict) or v is None for v in init.values()):
             raise PackError(where, "expected a mapping server -> init config", fn.name, "init")
         merged = merge_init(scenario.world_state, {k: v or {} for k, v in init.items()})
+        for check, servers in fn.servers.items():
+            unknown = [s for s in servers or () if s not in merged]
+            if unknown:
+                raise PackError(where, f"the file's {check}() reads server {unknown[0]!r}, which scenario {name} does not "
+                                f"run (it runs: {', '.join(merged) or 'none'})", fn.name)
+        graded = fn.servers.get(DATABASE)
+        rubric_servers = fn.servers.get(RUBRICS) or tuple(merged)
         calls: list[GoldenCall] = []
         rubrics: list[Rubric] = []
         for server, conf in merged.items():
@@ -152,14 +179,14 @@ class TBDataset:
                     raise PackError(where, "expected {tool: NAME, parameters: {...}}", fn.name,
                                     f"init.{server}.golden_test_case.tool_interactions[{j}]")
                 calls.append(GoldenCall(c["tool"], dict(c.get("parameters") or {})))
-            for j, r in enumerate(conf.get("rubrics_yesno") or []):
+            for j, r in enumerate((conf.get("rubrics_yesno") or []) if server in rubric_servers else []):
                 if isinstance(r, str):
                     rubrics.append(Rubric(r))
                 elif isinstance(r, dict) and isinstance(r.get("question"), str):
                     rubrics.append(Rubric(r["question"], tuple(r.get("keywords") or ())))
                 else:
                     raise PackError(where, "expected a question string", fn.name, f"init.{server}.rubrics_yesno[{j}]")
-        if rubrics and "validate_rubrics_yesno" not in fn.checks:
+        if rubrics and RUBRICS not in fn.checks:
             rubrics = []   # the reference grades rubrics only when the body asks for them
         user_turns = cfg.get("max_user_sim_turns")
         agent_turns = cfg.get("max_agent_sim_turns")
@@ -174,7 +201,8 @@ class TBDataset:
             max_user_turns=10 if user_turns is None else user_turns, tags=tuple(str(x) for x in labels),
             template=fn.file.removesuffix(".py"), source_file=where,
             backend={"kind": BACKEND_KIND, "source": self.source, "scenario": name,
-                     "init": {k: v or {} for k, v in init.items()}, "max_agent_turns": agent_turns},
+                     "init": {k: v or {} for k, v in init.items()}, "max_agent_turns": agent_turns,
+                     **({"graded_servers": list(graded)} if graded else {})},
         )
 
 

@@ -4,8 +4,9 @@ Why `ast` and never import or exec: the reference harness executes these files t
 attempt. tbhpc needs only their declarations: the YAML in docstrings that start with `!` and
 which of the two known checks a test body calls (`validate_database`, `validate_rubrics_yesno`),
 which it grades natively. Executing data files inside campaign workers would let a task file
-run code on every node of a cluster, so a body that does anything else is refused at load time, naming the file,
-the test and the line, instead of being silently half-graded.
+run code on every node of a cluster, so a file that would do anything else (`tb/checks.py` says
+exactly what) is `UngradableFile` at load time, naming the file, the test and the line, instead of
+being silently half-graded. Callers that load a whole checkout skip such files and say why.
 
 Format (as the reference): a module-level string starting with `!` is YAML defaults (e.g.
 `scenario: NAME`); each test is a function whose first statement is such a string; the test's
@@ -22,11 +23,11 @@ from typing import Any
 import yaml
 
 from tbhpc.errors import PackError
+from tbhpc.tb.checks import body_checks, file_checks
 
 CONFIG_FIELDS = frozenset({"scenario", "query", "user_context", "max_user_sim_turns", "max_agent_sim_turns",
                            "bot_instructions", "history", "init", "format_query", "tags"})
 UNSUPPORTED_FIELDS = ("history", "format_query")   # no benchmark task uses them; refused rather than ignored
-CHECKS = ("validate_database", "validate_rubrics_yesno")
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -36,7 +37,8 @@ class TestFunction:
     name: str
     line: int
     config: dict[str, Any]
-    checks: tuple[str, ...]        # which of CHECKS the body calls, in order of first call
+    checks: tuple[str, ...]        # which checks the body calls, in order of first call
+    servers: dict[str, tuple[str, ...] | None]   # check -> the servers the file's helper reads (None: every server)
 
     @property
     def id(self) -> str:
@@ -54,6 +56,9 @@ def parse_test_file(path: Path | str, only: set[str] | None = None) -> list[Test
         tree = ast.parse(code, filename=str(path))
     except SyntaxError as exc:
         raise PackError(str(path), f"line {exc.lineno}: not valid Python: {exc.msg}") from None
+    helpers = file_checks(tree, path)              # the whole file is gradable, or none of it
+    bodies = {node.name: body_checks(node, path, helpers) for node in tree.body
+              if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_test(node)}
     defaults: dict[str, Any] = {}
     tests: list[TestFunction] = []
     for node in tree.body:
@@ -62,16 +67,23 @@ def parse_test_file(path: Path | str, only: set[str] | None = None) -> list[Test
             if doc is not None:
                 _check_keys(doc, path, None, node.lineno)
                 defaults.update(doc)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.body and _is_string(node.body[0]):
-            doc = _yaml_doc(node.body[0], path, node.name)
-            if doc is None or (only is not None and node.name not in only):
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in bodies:
+            if only is not None and node.name not in only:
                 continue
+            doc = _yaml_doc(node.body[0], path, node.name)
             _check_keys(doc, path, node.name, node.body[0].lineno)
             config = {**defaults, **doc}
             if isinstance(defaults.get("tags"), list) and isinstance(doc.get("tags"), list):
                 config["tags"] = defaults["tags"] + doc["tags"]
-            tests.append(TestFunction(path.name, node.name, node.lineno, config, _checks(node, path)))
+            checks = bodies[node.name]
+            tests.append(TestFunction(path.name, node.name, node.lineno, config, checks,
+                                      {c: helpers.servers[c] for c in checks}))
     return tests
+
+
+def _is_test(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A test is a function whose first statement is a `!` docstring (as the reference)."""
+    return bool(fn.body) and _is_string(fn.body[0]) and fn.body[0].value.value.startswith("!")
 
 
 def _is_string(node: ast.stmt) -> bool:
@@ -104,31 +116,3 @@ def _check_keys(doc: dict, path: Path, test: str | None, line: int) -> None:
         if key in UNSUPPORTED_FIELDS and doc[key] is not None:
             raise PackError(str(path), f"line {line}: {key!r} is not supported by tbhpc (no benchmark task uses it)",
                             test, key)
-
-
-def _checks(fn: ast.FunctionDef | ast.AsyncFunctionDef, path: Path) -> tuple[str, ...]:
-    """The checks the body calls. Anything else in the body would need the file to run: refused."""
-    found: list[str] = []
-    for stmt in fn.body[1:]:
-        if isinstance(stmt, ast.Pass) or _is_string(stmt):
-            continue
-        call = stmt.value if isinstance(stmt, ast.Expr) else None
-        name = _call_name(call) if isinstance(call, ast.Call) else None
-        if name not in CHECKS:
-            what = f"calls {name}()" if name else f"has a statement of type {type(stmt).__name__}"
-            raise PackError(str(path), f"line {stmt.lineno}: the test body {what}; tbhpc never runs test files and "
-                            f"grades only {' and '.join(CHECKS)}", fn.name)
-        if name not in found:
-            found.append(name)
-    if "validate_database" not in found:
-        raise PackError(str(path), f"line {fn.lineno}: the test never calls validate_database (nothing to grade)", fn.name)
-    return tuple(found)
-
-
-def _call_name(call: ast.Call) -> str | None:
-    f = call.func
-    if isinstance(f, ast.Name):
-        return f.id
-    if isinstance(f, ast.Attribute):
-        return f.attr
-    return None

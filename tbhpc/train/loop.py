@@ -60,7 +60,9 @@ class Trainer:
         from tbhpc.campaign.config import CampaignConfig, select_tasks
         pool = load_pool(cfg.pool, cfg.exclude)
         tasks = select_tasks(CampaignConfig(pack=cfg.pack, tasks=cfg.pool, split="all", servers=cfg.servers))
+        from tbhpc.agents import check_judge
         from tbhpc.env.registry import Environments, preflight
+        check_judge(tasks, cfg.judge, skip_field=False)
         if self.rank0:
             preflight(tasks, cfg.servers)
         self.run_path = Path(run_path).resolve()
