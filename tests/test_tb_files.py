@@ -4,6 +4,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tbhpc.errors import PackError, UserError
 from tbhpc.tb.dataset import TBDataset, merge_init
@@ -218,3 +219,71 @@ def test_server_schemas_are_shown_plain_refs_inlined_titles_stripped():
     }
     looped = {"$defs": {"Node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/Node"}}}}, "$ref": "#/$defs/Node"}
     assert plain_schema(looped) == {"type": "object", "properties": {"next": {}}}   # a recursive ref stops, never loops
+
+
+# ---- release-style files: the file's own helpers, recognised or refused ------------------------
+
+def _group1(tmp_path: Path, text: str) -> Path:
+    from tb_release_fixture import SCENARIO
+    (tmp_path / "dataset" / "scenario").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "dataset" / "scenario" / "shop_support.yaml").write_text(yaml.safe_dump(SCENARIO))
+    folder = tmp_path / "dataset" / "test_case" / "shop_support"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "shop_support_group1.py").write_text(text)
+    return folder / "shop_support_group1.py"
+
+
+def test_the_reference_helpers_are_recognised_and_name_the_servers_graded(tmp_path):
+    from tb_release_fixture import rubric_file
+    path = _group1(tmp_path, rubric_file())
+    (fn,) = parse_test_file(path)
+    assert fn.checks == ("validate_database", "validate_rubrics_yesno")
+    assert fn.servers == {"validate_database": ("shop",), "validate_rubrics_yesno": ("shop",)}
+    (task,) = TBDataset(tmp_path).tasks(["shop_support_group1.py:test_cancel_rubric_001"])
+    assert task.backend["graded_servers"] == ["shop"]
+    assert [r.question for r in task.rubrics_yesno] == ["Does the message confirm that the order is cancelled?"]
+
+
+@pytest.mark.parametrize("edit, line, message", [
+    # a helper that returns without checking: the reference would pass every attempt by it
+    (lambda t: t.replace('    mine = x.effects[SERVER_NAME]["result_db_hash"]\n',
+                         '    return\n    mine = x.effects[SERVER_NAME]["result_db_hash"]\n'), 11,
+     "the file's own validate_database() is not the reference's hash check, and tbhpc never runs test files, "
+     "so it cannot grade by it"),
+    # compares the golden hash with itself
+    (lambda t: t.replace('["result_db_hash"]', '["golden_db_hash"]'), 13,
+     "the file's own validate_database() is not the reference's hash check, and tbhpc never runs test files, "
+     "so it cannot grade by it"),
+    # the check name bound by an import instead
+    (lambda t: t.replace("import json\n", "import json\nfrom shop_checks import validate_database\n"), 2,
+     "binds validate_database by ImportFrom: not the reference's helper; tbhpc never runs test files"),
+])
+def test_a_helper_that_shadows_a_check_is_refused_with_its_line(tmp_path, edit, line, message):
+    from tb_release_fixture import group1
+    path = _group1(tmp_path, edit(group1()))
+    with pytest.raises(UngradableFile) as err:
+        parse_test_file(path)
+    assert str(err.value) == f"{path}: line {line}: {message}"
+
+
+def test_a_check_called_with_anything_but_the_tests_parameters_is_refused(tmp_path):
+    from tb_release_fixture import group1, test_function
+    body = 'validate_database(__import__("os").system("touch /tmp/tbhpc-pwned"))'
+    path = _group1(tmp_path, group1(extra=test_function("test_sneaky_003", "O5", [], body)))
+    with pytest.raises(UngradableFile) as err:
+        parse_test_file(path)
+    line = path.read_text().splitlines().index("    " + body) + 1
+    assert str(err.value) == (f"{path}: task test_sneaky_003: line {line}: validate_database(__import__('os').system("
+                              f"'touch /tmp/tbhpc-pwned')): a check takes only the test's own parameters "
+                              f"(validate_database(x))")
+    path.write_text(group1(extra=test_function("test_swapped_003", "O5", [], "validate_database(judge)")))
+    with pytest.raises(UngradableFile, match=r"task test_swapped_003: line \d+: validate_database\(judge\): a check takes"):
+        parse_test_file(path)
+
+
+def test_a_helper_reading_a_server_the_scenario_does_not_run_is_refused(tmp_path):
+    from tb_release_fixture import group1
+    path = _group1(tmp_path, group1().replace('SERVER_NAME = "shop"', 'SERVER_NAME = "warehouse"'))
+    with pytest.raises(PackError, match=r"task test_cancel_001: the file's validate_database\(\) reads server "
+                                        r"'warehouse', which scenario shop_support does not run \(it runs: shop\)"):
+        TBDataset(tmp_path).tasks(["shop_support_group1.py:test_cancel_001"])
