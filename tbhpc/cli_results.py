@@ -1,6 +1,7 @@
 """`tbhpc agg|select|report|import-tb`: read campaigns back as numbers, pools and reports."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from tbhpc.errors import UserError
@@ -106,6 +107,9 @@ def run(args) -> int:
                 console.print(t)
             if cmp:
                 console.print(render.comparison_markdown(cmp))
+        from tbhpc.campaign.runner import grading_notes
+        for line in grading_notes(RunDir(args.run)):
+            print(f"note: {line}", file=sys.stderr)
         return 0
     if args.cmd == "select":
         return _select(args)

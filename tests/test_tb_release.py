@@ -156,3 +156,33 @@ def test_the_readme_recipe_validates_and_a_noop_agent_fails_the_release(checkout
     assert con.execute("SELECT task_id, passed FROM attempts ORDER BY task_id").fetchall() == [
         ("shop_support_group1.py:test_cancel_001", False), ("shop_support_group1.py:test_lookup_002", True),
         ("shop_support_group1_rubrics_yesno.py:test_cancel_rubric_001", False)]
+
+
+def test_auto_workers_leave_a_cpu_per_worker_for_servers_started_ahead(checkout, good_servers, tmp_path):
+    from tbhpc.campaign.config import auto_workers
+    from tbhpc.tb.dataset import TBDataset
+    tasks = TBDataset(checkout).tasks(RELEASE)
+    assert auto_workers(tasks, str(good_servers), cpus=2) == (
+        1, "MCP servers started fresh for each attempt, 2 CPU(s): one worker per two")
+    assert auto_workers(tasks, str(good_servers), cpus=16)[0] == 8
+    reused = tmp_path / "reused.yaml"
+    doc = yaml.safe_load(good_servers.read_text())
+    doc["servers"]["shop"]["reuse"] = True
+    reused.write_text(yaml.safe_dump(doc))
+    assert auto_workers(tasks, str(reused), cpus=2) == (2, "2 CPU(s): one worker each")
+    assert auto_workers([], None, cpus=3) == (3, "3 CPU(s): one worker each")
+
+
+def test_a_training_pool_with_rubrics_the_judge_cannot_answer_is_refused(checkout):
+    from tbhpc.agents import check_judge
+    from tbhpc.errors import UserError
+    from tbhpc.tb.dataset import TBDataset
+    tasks = TBDataset(checkout).tasks(RELEASE)
+    with pytest.raises(UserError) as err:
+        check_judge(tasks, "keyword", skip_field=False)       # what the trainer calls: no rubrics=skip for rewards
+    assert str(err.value) == ("1 task(s) carry yes/no rubrics the keyword judge cannot answer (no keywords; first: "
+                              "shop_support_group1_rubrics_yesno.py:test_cancel_rubric_001): give an LLM judge "
+                              "(judge=openai judge_url=URL), a task list without them")
+    check_judge(tasks, "openai")
+    check_judge(tasks, "keyword", "skip")
+    check_judge(tasks[:2], "keyword")

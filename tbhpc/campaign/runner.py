@@ -18,7 +18,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgress
                            TimeElapsedColumn, TimeRemainingColumn)
 
 from tbhpc.agents import check_judge
-from tbhpc.campaign.config import CampaignConfig, identity_hash, pack_hash, pack_path, plan_rows, select_tasks
+from tbhpc.campaign.config import CampaignConfig, auto_workers, identity_hash, pack_hash, pack_path, plan_rows, select_tasks
 from tbhpc.campaign.executors import Executor, LocalExecutor
 from tbhpc.config import resolved
 from tbhpc.env.registry import preflight
@@ -41,7 +41,7 @@ class CampaignResult:
     merge: MergeReport
 
 
-def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict]]:
+def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict], list]:
     """Create the run directory, or check that an existing one holds the same campaign."""
     check_run_folder(Path(out), cfg.kind)
     skipped: dict[str, str] = {}
@@ -63,13 +63,13 @@ def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict]]:
                     "the task pack changed")
             raise UserError(f"{run.path}: holds a different campaign ({what}); use a new --out directory")
         preflight(tasks, cfg.servers)      # after the cheap checks: a refused resume starts no server
-        return run, rows
+        return run, rows, tasks
     preflight(tasks, cfg.servers)
     campaign = {"campaign": cfg.name, "kind": cfg.kind, "policy_id": cfg.resolved_policy_id, "config_hash": chash,
                 "pack_hash": digest, "config": resolved(cfg), "created_at": datetime.now(timezone.utc).isoformat(sep=" ")[:26],
                 "source": "tbhpc"}
     run.create(resolved(cfg), chash, campaign, rows, [t.to_dict() for t in tasks])
-    return run, rows
+    return run, rows, tasks
 
 
 def _log(run: RunDir, line: str) -> None:
@@ -83,20 +83,38 @@ def degraded(run: RunDir) -> list[tuple[str, int, int]]:
     """(what was missing, attempts, tasks) over the run's attempts whose environment lacked something."""
     con = connect(run, read_only=True)
     try:
+        if not _has_column(con, "env_degraded"):
+            return []
         return con.execute("SELECT env_degraded, count(*), count(DISTINCT task_id) FROM attempts "
                            "WHERE env_degraded IS NOT NULL GROUP BY 1 ORDER BY 1").fetchall()
     finally:
         con.close()
 
 
+def _has_column(con, column: str) -> bool:
+    """Results files written before a column existed lack it until their next merge."""
+    return column in [d[0] for d in con.execute("SELECT * FROM attempts LIMIT 0").description]
+
+
 def rubrics_skipped(run: RunDir) -> list[tuple[int, int]]:
     """(attempts, tasks) graded without their yes/no rubrics (rubrics=skip); empty if none."""
     con = connect(run, read_only=True)
     try:
+        if not _has_column(con, "rubrics_skipped"):
+            return []
         row = con.execute("SELECT count(*), count(DISTINCT task_id) FROM attempts WHERE rubrics_skipped > 0").fetchone()
     finally:
         con.close()
     return [row] if row[0] else []
+
+
+def grading_notes(run: RunDir) -> list[str]:
+    """What a reader of the run's numbers must know: attempts whose environment lacked something,
+    and attempts graded without their rubrics (said by the campaign summary and by `agg`)."""
+    lines = [f"{n} attempt(s) of {tasks} task(s) ran with env_degraded = {what!r}" for what, n, tasks in degraded(run)]
+    lines += [f"{n} attempt(s) of {tasks} task(s) were graded without their yes/no rubrics (rubrics=skip: a pass "
+              "means the database matched; attempts.rubrics_skipped)" for n, tasks in rubrics_skipped(run)]
+    return lines
 
 
 def system_error_causes(run: RunDir, limit: int = 3) -> list[tuple[str, str, int]]:
@@ -124,8 +142,13 @@ def pending_keys(run: RunDir, rows: list[dict]) -> tuple[list[tuple[str, int]], 
 
 def run_campaign(cfg: CampaignConfig, out: Path, executor: Executor | None = None, console: Console | None = None) -> CampaignResult:
     console = console or Console(stderr=True)
+    run, rows, tasks = open_run(cfg, out)
+    if cfg.workers == "auto":
+        cfg.workers, why = auto_workers(tasks, cfg.servers)
+        console.print(f"workers: auto -> {cfg.workers} ({why})")
+        if executor is not None and getattr(executor, "workers", None) == "auto":
+            executor.workers = cfg.workers
     executor = executor or LocalExecutor(cfg.workers)
-    run, rows = open_run(cfg, out)
     report = merge(run, verify=True)  # pick up shards of an earlier, interrupted run (a damaged file: stop)
     for line in report.lines():
         console.print(f"[red]warning[/]: {line}")
@@ -158,11 +181,8 @@ def run_campaign(cfg: CampaignConfig, out: Path, executor: Executor | None = Non
         final = merge(run)
         for line in final.lines():
             console.print(f"[red]warning[/]: {line}")
-        for what, n, tasks in degraded(run):
-            console.print(f"[yellow]note[/]: {n} attempt(s) of {tasks} task(s) ran with env_degraded = {what!r}")
-        for n, tasks in rubrics_skipped(run):
-            console.print(f"[yellow]note[/]: {n} attempt(s) of {tasks} task(s) were graded without their yes/no rubrics "
-                          "(rubrics=skip: a pass means the database matched; attempts.rubrics_skipped)")
+        for line in grading_notes(run):
+            console.print(f"[yellow]note[/]: {line}")
         remaining, _ = pending_keys(run, rows)
         result = CampaignResult(planned, planned - len(keys), counts["ok"] + counts["err"], counts["ok"], counts["err"],
                                 len(remaining), final)

@@ -79,7 +79,7 @@ def submit_campaign(cfg, out: Path, dry_run: bool = False, client: SlurmClient |
         n_tasks = math.ceil(len(keys) / opts.task_size(len(keys))) if keys else 0
         head = f"# {len(keys)} attempts -> {n_tasks} array task(s) of <= {opts.task_size(len(keys))}\n"
         return head + dry_run_text(render_pipeline(Stage(str(run_path), stage, cfg.name, workdir), opts, max(n_tasks, 1), cfg.kind))
-    run, rows = open_run(cfg, run_path)
+    run, rows, _ = open_run(cfg, run_path)
     merge(run)
     keys, planned = pending_keys(run, rows)
     if not keys:
