@@ -288,3 +288,24 @@ def test_a_helper_reading_a_server_the_scenario_does_not_run_is_refused(tmp_path
         TBDataset(tmp_path).tasks(["shop_support_group1.py:test_cancel_001"])
     assert str(err.value) == (f"{path}: task test_cancel_001: the file's validate_database() reads server 'warehouse', "
                               "which scenario shop_support does not run (it runs: shop)")
+
+
+@pytest.mark.parametrize("code, line, what", [
+    ("import os\nos.system('true')\n", 2, "`os.system('true')`"),
+    ("import os\nHOME = os.environ['HOME']\n", 2, "`HOME = os.environ['HOME']`"),
+    ("import functools\n\n@functools.cache\ndef helper(x):\n    return x\n", 4, "a decorator"),
+    ("def helper(x=print('loaded')):\n    return x\n", 1, "default argument values"),
+    ("def helper(x: print('loaded')):\n    return x\n", 1, "an annotation that is an expression"),
+    ("class Box:\n    pass\n", 1, "`class Box:`"),
+])
+def test_module_code_that_would_run_when_loaded_makes_the_file_ungradable(tmp_path, code, line, what):
+    path = tmp_path / "t.py"
+    path.write_text(code + '\n\ndef test_x(x: TestContext, judge: "Judge") -> None:\n    """!query: hi"""\n'
+                    '    validate_database(x)\n')
+    with pytest.raises(UngradableFile) as err:
+        parse_test_file(path)
+    assert str(err.value) == (f"{path}: line {line}: the file runs code of its own when loaded ({what}); the reference "
+                              "would run it before every test, and tbhpc never runs test files")
+    path.write_text('\ndef test_x(x: TestContext, judge: "Judge") -> list[str] | None:\n    """!query: hi"""\n'
+                    '    validate_database(x)\n')
+    assert [t.name for t in parse_test_file(path)] == ["test_x"]    # plain annotations run nothing

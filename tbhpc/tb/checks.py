@@ -84,6 +84,8 @@ def _runs_code(node: ast.stmt) -> str | None:
     if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
         return None
     if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+        if isinstance(node, ast.AnnAssign) and not _plain_annotation(node.annotation):
+            return "an annotation that is an expression"
         try:
             ast.literal_eval(node.value)
             return None
@@ -94,8 +96,18 @@ def _runs_code(node: ast.stmt) -> str | None:
             return "a decorator"
         if node.args.defaults or any(d is not None for d in node.args.kw_defaults):
             return "default argument values"
+        a = node.args
+        notes = [arg.annotation for arg in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if arg] + [node.returns]
+        if not all(_plain_annotation(n) for n in notes if n is not None):
+            return "an annotation that is an expression"     # evaluated when the function is defined
         return None
     return f"`{_code(node)}`"
+
+
+def _plain_annotation(node: ast.expr) -> bool:
+    """A type written with names only (`TestContext`, `list[str]`, `str | None`): evaluating it runs nothing."""
+    return all(isinstance(n, (ast.Name, ast.Attribute, ast.Constant, ast.Subscript, ast.Tuple, ast.List, ast.BinOp,
+                              ast.BitOr, ast.expr_context)) for n in ast.walk(node))
 
 
 def _code(node: ast.AST) -> str:
