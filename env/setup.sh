@@ -11,6 +11,6 @@ VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-"$VENV/bin/python" -m pip install -q -e '.[hf,test,mpi,gguf,train,bench,mcp]'
+"$VENV/bin/python" -m pip install -q -e '.[hf,test,mpi,gguf,train,bench,mcp,submitit]'
 "$VENV/bin/python" -m pip install -q --no-deps $("$VENV/bin/python" -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['tool']['tbhpc']['no-deps']))")
 "$VENV/bin/python" -c "import tbhpc, torch, transformers, yaml; print('tbhpc env ready: torch', torch.__version__, 'transformers', transformers.__version__)"

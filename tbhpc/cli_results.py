@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tbhpc.errors import UserError
 from tbhpc.cli_types import float_in, int_in
-from tbhpc.outpaths import check_output_file, check_output_folder, out_arg
+from tbhpc.outpaths import check_output_folder, out_arg
 from tbhpc.selection.bands import DEFAULT_KEEP
 from tbhpc.store.run_dir import RunDir
 
@@ -72,23 +72,12 @@ def add_parsers(sub) -> None:
     s.add_argument("--reference-min-clean-runs", type=int_in(0), default=4)
 
 
-def checked_counts(path: Path, allow_incomplete: bool):
-    from tbhpc.campaign.validate import validate
-    from tbhpc.metrics.agg import load_counts
-    run = RunDir(path).require()
-    val = validate(run)
-    if not val.ok and not allow_incomplete:
-        raise UserError(f"{path}: campaign is incomplete ({val.reason()}); re-run the campaign to finish it, "
-                        "or pass --allow-incomplete")
-    return load_counts(run)
-
-
 def run(args) -> int:
     if args.cmd == "agg":
         from rich.console import Console
 
         from tbhpc.metrics import render
-        from tbhpc.metrics.agg import compare, load_prices, summarise
+        from tbhpc.metrics.agg import checked_counts, compare, load_prices, summarise
         prices = load_prices(args.prices) if args.prices else None
         counts = checked_counts(args.run, args.allow_incomplete)
         summary = summarise(counts, prices, args.bootstrap)
@@ -114,7 +103,7 @@ def run(args) -> int:
     if args.cmd == "select":
         return _select(args)
     if args.cmd == "report":
-        from tbhpc.metrics.agg import load_prices
+        from tbhpc.metrics.agg import checked_counts, load_prices
         from tbhpc.report.build import build_report
         check_output_folder(args.out or args.run / "report", "report", force=args.force)
         if RunDir(args.run).campaign().get("kind") == "train":
@@ -154,7 +143,7 @@ def run(args) -> int:
 
 def _show(args) -> int:
     import json
-    from tbhpc.report.transcript import render_messages, render_outcome
+    from tbhpc.report.transcript import render_attempt
     from tbhpc.store.transcripts import read_attempt
     run = RunDir(args.run).require()
     if not run.db.exists():
@@ -163,12 +152,7 @@ def _show(args) -> int:
     if args.format == "json":
         print(json.dumps(row, indent=1, ensure_ascii=False, default=str))
         return 0
-    tr = row["transcript"]
-    head = [f"{args.run} · {row['campaign']} · policy {row['policy_id']}"
-            + (f" (+{row['other_policies']} other policies: --policy)" if row["other_policies"] else "")]
-    body = render_messages(tr["messages"], args.system) if tr else ["(no transcript stored for this attempt: "
-                                                                    "a run made before transcripts, or an import)"]
-    print("\n".join(head + [""] + body + [""] + render_outcome(row, tr["judge"] if tr else None)))
+    print(render_attempt(str(args.run), row, args.system))
     return 0
 
 
@@ -207,25 +191,13 @@ def _sql(args) -> int:
 
 
 def _select(args) -> int:
-    from tbhpc.campaign.config import CampaignConfig, pack_path
-    from tbhpc.config import from_dict
-    from tbhpc.selection.pool import SelectConfig, run_select
-    run = RunDir(args.run).require()
-    excludes = [str(p) for p in args.exclude]
-    camp = run.campaign()
-    pack = pack_path(from_dict(CampaignConfig, camp["config"])) if camp.get("source") == "tbhpc" else None
-    if not excludes and isinstance(pack, Path):  # default: the probed pack's held-out ids (a tb: source has none)
-        default = pack / "eval_ids.txt"
-        if default.exists():
-            excludes = [str(default)]
+    from tbhpc.selection.pool import SelectConfig, default_exclusions, select_pool
+    excludes = [str(p) for p in args.exclude] or default_exclusions(RunDir(args.run).require())
     cfg = SelectConfig(keep=[b.strip() for b in args.keep.split(",") if b.strip()], min_clean_runs=args.min_clean_runs,
                        exclude=excludes, reference=str(args.reference) if args.reference else None,
                        reference_min_successes=args.reference_min_successes,
                        reference_min_clean_runs=args.reference_min_clean_runs)
-    from tbhpc.selection.pool import is_pool_file
-    check_output_file(args.out, is_pool_file, force=args.force)
-    check_output_file(args.out.with_suffix(".manifest.json"), lambda p: is_pool_file(args.out), force=args.force)
-    sel = run_select(args.run, args.out, cfg)
+    sel = select_pool(args.run, args.out, cfg, args.force, default_exclude=False)
     print("bands: " + ", ".join(f"{b} {n}" for b, n in sel.band_counts.items()))
     print(f"excluded by id before selection: {sel.excluded} (lists: {', '.join(excludes) or 'none'})")
     print(f"pool: {len(sel.pool)} tasks -> {args.out} (manifest {args.out.with_suffix('.manifest.json')})")

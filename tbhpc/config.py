@@ -21,8 +21,9 @@ T = TypeVar("T")
 
 
 def load_config(cls: type[T], path: Path | str | None = None, overrides: list[str] | None = None,
-                base: dict[str, Any] | None = None) -> T:
-    """`base` values (e.g. a command's defaults) < the YAML file < `key=value` overrides."""
+                base: dict[str, Any] | None = None, updates: dict[str, Any] | None = None) -> T:
+    """`base` values (e.g. a command's defaults) < the YAML file < `updates` (Python keyword
+    arguments, from the API) < `key=value` overrides."""
     values: dict[str, Any] = dict(base or {})
     origin = {k: "defaults" for k in values}
     source = str(path) if path else "<defaults>"
@@ -37,6 +38,9 @@ def load_config(cls: type[T], path: Path | str | None = None, overrides: list[st
             raise UserError(f"{path}: expected a mapping of config fields")
         values.update(doc)
         origin.update({k: source for k in doc})
+    for key, value in (updates or {}).items():
+        values[key] = value
+        origin[key] = f"argument {key}={value!r}"
     for item in overrides or []:
         if "=" not in item:
             raise UserError(f"override {item!r}: expected key=value")

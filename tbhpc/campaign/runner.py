@@ -56,9 +56,11 @@ def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict], list]:
     if run.exists():
         if run.config_hash() != chash:
             old = yaml.safe_load(run.config_file.read_text(encoding="utf-8")) or {}
-            diffs = [k for k, v in cfg.identity().items() if old.get(k, v) != v and k != "policy_id"]
+            diffs = sorted((k for k, v in cfg.identity().items() if old.get(k, v) != v and k != "policy_id"),
+                           key=lambda k: k != "kind")    # another kind of campaign says so first
             old_pid, new_pid = run.campaign().get("policy_id"), cfg.resolved_policy_id
-            what = (f"field {diffs[0]!r} differs" if diffs else
+            what = (f"kind {old['kind']}, not {cfg.kind}" if diffs and diffs[0] == "kind" else
+                    f"field {diffs[0]!r} differs" if diffs else
                     f"policy {old_pid!r} is now {new_pid!r} (the served weights changed?)" if old_pid != new_pid else
                     "the task pack changed")
             raise UserError(f"{run.path}: holds a different campaign ({what}); use a new --out directory")
@@ -140,21 +142,44 @@ def pending_keys(run: RunDir, rows: list[dict]) -> tuple[list[tuple[str, int]], 
     return [k for k in planned if k not in ok], len(planned)
 
 
-def run_campaign(cfg: CampaignConfig, out: Path, executor: Executor | None = None, console: Console | None = None) -> CampaignResult:
-    console = console or Console(stderr=True)
+@dataclass
+class Plan:
+    """A campaign opened and its pending work: what every way of running it starts from."""
+    run: RunDir
+    rows: list[dict]
+    tasks: list
+    keys: list[tuple[str, int]]
+    planned: int
+    merge: MergeReport
+
+    def chunks(self, size: int) -> list[list[tuple[str, int]]]:
+        return [self.keys[i:i + size] for i in range(0, len(self.keys), size)]
+
+
+def plan_campaign(cfg: CampaignConfig, out: Path, console: Console | None = None) -> Plan:
+    """Open (or resume) the run, merge what earlier runs left in shards, and list the pending keys."""
     run, rows, tasks = open_run(cfg, out)
     if cfg.workers == "auto":
         cfg.workers, why = auto_workers(tasks, cfg.servers)
-        console.print(f"workers: auto -> {cfg.workers} ({why})")
-        if executor is not None and getattr(executor, "workers", None) == "auto":
-            executor.workers = cfg.workers
-    executor = executor or LocalExecutor(cfg.workers)
+        if console is not None:
+            console.print(f"workers: auto -> {cfg.workers} ({why})")
     report = merge(run, verify=True)  # pick up shards of an earlier, interrupted run (a damaged file: stop)
     for line in report.lines():
-        console.print(f"[red]warning[/]: {line}")
+        if console is not None:
+            console.print(f"[red]warning[/]: {line}")
     keys, planned = pending_keys(run, rows)
     check_interrupt()  # one a DuckDB call swallowed
-    chunks = [keys[i:i + cfg.chunk_size] for i in range(0, len(keys), cfg.chunk_size)]
+    return Plan(run, rows, tasks, keys, planned, report)
+
+
+def run_campaign(cfg: CampaignConfig, out: Path, executor: Executor | None = None, console: Console | None = None) -> CampaignResult:
+    console = console or Console(stderr=True)
+    plan = plan_campaign(cfg, out, console)
+    run, rows, keys, planned, report = plan.run, plan.rows, plan.keys, plan.planned, plan.merge
+    if executor is not None and getattr(executor, "workers", None) == "auto":
+        executor.workers = cfg.workers
+    executor = executor or LocalExecutor(cfg.workers)
+    chunks = plan.chunks(cfg.chunk_size)
     counts = {"ok": 0, "err": 0}
     console.print(f"campaign [bold]{cfg.name}[/] ({cfg.kind}, policy {cfg.resolved_policy_id}): {planned} attempts planned, "
                   f"{planned - len(keys)} done, {len(keys)} to run with {executor.name} x{cfg.workers}")

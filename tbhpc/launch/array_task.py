@@ -29,33 +29,51 @@ def _raise(signum, _frame):
     raise Interrupted(signum)
 
 
+class ChunkRun:
+    """One chunk of a stage: its keys not yet in a shard of this (stage, chunk), run and flushed
+    every `flush_every` attempts. Shared by sbatch array tasks and the submitit executor."""
+
+    def __init__(self, worker: Worker, stage: int, index: int, flush_every: int = 8):
+        self.worker, self.stage, self.index, self.flush_every = worker, stage, index, flush_every
+        self.prefix = shard_prefix(stage, index)
+        self.buffer: list[dict] = []
+        self.ok = self.errors = 0
+
+    def todo(self) -> tuple[int, list]:
+        keys = read_chunks(self.worker.run, self.stage)[self.index]
+        done = keys_written(self.worker.run, self.prefix)
+        return len(keys), [k for k in keys if k not in done]
+
+    def run(self, todo: list) -> tuple[int, int]:
+        """(ok, system errors) of the attempts this call ran."""
+        for task_id, attempt in todo:
+            row = self.worker.attempt(task_id, attempt)
+            self.buffer.append(row)
+            self.ok, self.errors = self.ok + (row["status"] != "system_error"), self.errors + (row["status"] == "system_error")
+            if len(self.buffer) >= self.flush_every:
+                self.flush()
+        self.flush()
+        return self.ok, self.errors
+
+    def flush(self) -> None:
+        if self.buffer:
+            rows, self.buffer = self.buffer, []
+            write_shard(self.worker.run.shards, rows, name=shard_name(self.prefix))
+
+
 def run_task(run_path: Path, stage: int, index: int, flush_every: int = 8, worker: Worker | None = None) -> int:
-    worker = worker or Worker(run_path)
-    prefix = shard_prefix(stage, index)
-    keys = read_chunks(worker.run, stage)[index]
-    done = keys_written(worker.run, prefix)
-    todo = [k for k in keys if k not in done]
-    print(f"[tbhpc] stage {stage} task {index}: {len(keys)} keys, {len(keys) - len(todo)} already written, "
+    chunk = ChunkRun(worker or Worker(run_path), stage, index, flush_every)
+    n, todo = chunk.todo()
+    print(f"[tbhpc] stage {stage} task {index}: {n} keys, {n - len(todo)} already written, "
           f"{len(todo)} to run on {os.environ.get('SLURMD_NODENAME', '?')}", flush=True)
-    buffer: list[dict] = []
-
-    def flush() -> None:
-        if buffer:
-            write_shard(worker.run.shards, buffer, name=shard_name(prefix))
-            buffer.clear()
-
     signal.signal(signal.SIGUSR2, _raise)
     signal.signal(signal.SIGTERM, _raise)
     try:
-        for task_id, attempt in todo:
-            buffer.append(worker.attempt(task_id, attempt))
-            if len(buffer) >= flush_every:
-                flush()
-        flush()
+        chunk.run(todo)
     except Interrupted as sig:
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        flush()
+        chunk.flush()
         print(f"[tbhpc] stage {stage} task {index}: {sig} received, finished attempts saved", flush=True)
         if sig.signum == signal.SIGUSR2 and os.environ.get("SLURM_ARRAY_JOB_ID"):
             job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"

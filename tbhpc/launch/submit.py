@@ -59,11 +59,10 @@ def submit_campaign(cfg, out: Path, dry_run: bool = False, client: SlurmClient |
     import math
     import os
 
-    from tbhpc.campaign.runner import open_run, pending_keys
+    from tbhpc.campaign.runner import pending_keys, plan_campaign
     from tbhpc.campaign.config import plan_rows, select_tasks
     from tbhpc.config import from_dict
     from tbhpc.launch.stages import next_stage
-    from tbhpc.store.merge import merge
     from tbhpc.store.run_dir import RunDir
 
     opts = from_dict(SlurmOptions, cfg.slurm, {k: "config field 'slurm'" for k in cfg.slurm})
@@ -79,9 +78,8 @@ def submit_campaign(cfg, out: Path, dry_run: bool = False, client: SlurmClient |
         n_tasks = math.ceil(len(keys) / opts.task_size(len(keys))) if keys else 0
         head = f"# {len(keys)} attempts -> {n_tasks} array task(s) of <= {opts.task_size(len(keys))}\n"
         return head + dry_run_text(render_pipeline(Stage(str(run_path), stage, cfg.name, workdir), opts, max(n_tasks, 1), cfg.kind))
-    run, rows, _ = open_run(cfg, run_path)
-    merge(run)
-    keys, planned = pending_keys(run, rows)
+    plan = plan_campaign(cfg, run_path)
+    run, keys, planned = plan.run, plan.keys, plan.planned
     if not keys:
         return f"{run_path}: all {planned} attempts are done; nothing to submit"
     size = opts.task_size(len(keys))

@@ -31,6 +31,16 @@ def render_messages(messages: list[dict], show_system: bool = False) -> list[str
     return lines
 
 
+def render_attempt(run_label: str, row: dict[str, Any], show_system: bool = False) -> str:
+    """`tbhpc show`'s text for one attempt row (as `read_attempt` returns it)."""
+    tr = row["transcript"]
+    head = [f"{run_label} · {row['campaign']} · policy {row['policy_id']}"
+            + (f" (+{row['other_policies']} other policies: --policy)" if row["other_policies"] else "")]
+    body = render_messages(tr["messages"], show_system) if tr else ["(no transcript stored for this attempt: "
+                                                                    "a run made before transcripts, or an import)"]
+    return "\n".join(head + [""] + body + [""] + render_outcome(row, tr["judge"] if tr else None))
+
+
 def render_outcome(row: dict[str, Any], judge: list[dict] | None = None) -> list[str]:
     """The grade of an attempt row (reward, finish, error, state diff, output checks, rubrics)."""
     lines = [f"task {row['task_id']} attempt {row.get('attempt_index', 0)}: status={row['status']} "

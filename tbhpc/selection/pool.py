@@ -7,6 +7,7 @@ least r clean runs.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -84,6 +85,27 @@ def is_pool_file(path: Path) -> bool:
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
     return isinstance(doc, dict) and set(doc) == {"pool", "source", "tasks", "details"}
+
+
+def default_exclusions(run: RunDir) -> list[str]:
+    """Without exclusion lists: the probed pack's held-out ids (`eval_ids.txt`); a tb: source has none."""
+    from tbhpc.campaign.config import CampaignConfig, pack_path
+    from tbhpc.config import from_dict
+    camp = run.campaign()
+    pack = pack_path(from_dict(CampaignConfig, camp["config"])) if camp.get("source") == "tbhpc" else None
+    default = pack / "eval_ids.txt" if isinstance(pack, Path) else None
+    return [str(default)] if default is not None and default.exists() else []
+
+
+def select_pool(probe: Path, out: Path, cfg: SelectConfig, force: bool = False, default_exclude: bool = True) -> Selection:
+    """`tbhpc select` (and the API's): both output files checked before anything is written; with no
+    exclusion list, the probed pack's held-out ids (`default_exclusions`)."""
+    from tbhpc.outpaths import check_output_file
+    if default_exclude and not cfg.exclude:
+        cfg = dataclasses.replace(cfg, exclude=default_exclusions(RunDir(probe).require()))
+    check_output_file(out, is_pool_file, force=force)
+    check_output_file(out.with_suffix(".manifest.json"), lambda p: is_pool_file(out), force=force)
+    return run_select(probe, out, cfg)
 
 
 def run_select(probe: Path, out: Path, cfg: SelectConfig) -> Selection:

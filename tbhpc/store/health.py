@@ -70,6 +70,27 @@ def open_results(db: Path | str, read_only: bool = True, config: dict | None = N
     return con
 
 
+def attached_results(db: Path | str) -> duckdb.DuckDBPyConnection:
+    """A sealed read-only connection to a results file that can stay open for long (an API user's
+    relation): the file is ATTACHed to an in-memory database of its own, so the process's other
+    connections to the same file (DuckDB shares one instance per path, configuration included)
+    can still be opened as they need (`files=True` ones too)."""
+    db = Path(db)
+    con = duckdb.connect()
+    try:
+        from tbhpc.store.sqltext import literal
+        con.execute(f"ATTACH {literal(str(db))} AS results (READ_ONLY)")
+    except duckdb.Error as exc:
+        con.close()
+        if is_damage(exc):
+            raise damaged(db, exc) from None
+        raise
+    con.execute("USE results")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+    return con
+
+
 def check_every_block(con: duckdb.DuckDBPyConnection, db: Path | str) -> int:
     """Read every column of every table (each block's checksum is verified as it is read);
     returns the rows read. Damage raises DamagedResults naming `db`."""
