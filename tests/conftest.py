@@ -116,7 +116,7 @@ def warm_dir(tmp_path_factory):
 # local Slurm cluster's queue (fair share, preemption, requeue, the 3-node training job) share one
 # group and run one after another on one worker, so their jobs never compete for its slots.
 # tryfirst: the marks must exist before xdist's own hook turns them into scheduling groups.
-CLUSTER_FILES = {"test_slurm.py", "test_make_train.py", "test_train_run.py"}
+CLUSTER_FILES = {"test_slurm.py", "test_slurm_submitit.py", "test_make_train.py", "test_train_run.py"}
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -85,3 +85,18 @@ def eval_export(export: Path, out: Path, repo: Path) -> int:
                          timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     return sum(r[3] == "ok" for r in attempt_rows(out))
+
+
+def require_slurm() -> None:
+    """The local cluster is there (`make test` starts it), or the test skips; with
+    TBHPC_REQUIRE_SLURM set (CI) it fails instead."""
+    import shutil
+    import subprocess
+
+    import pytest
+    if not os.environ.get("SLURM_CONF") or not shutil.which("sbatch"):
+        if os.environ.get("TBHPC_REQUIRE_SLURM"):
+            pytest.fail("TBHPC_REQUIRE_SLURM is set but no cluster is configured (SLURM_CONF)")
+        pytest.skip("no Slurm cluster (run `make slurm-up` and source its env.sh)")
+    out = subprocess.run(["sinfo", "-h", "-p", "batch", "-o", "%D %t"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

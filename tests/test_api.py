@@ -97,3 +97,13 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
     assert str(err.value) == (f"{tmp_path / 'eval'}: holds a different campaign (kind eval, not probe); "
                               "use a new --out directory")
     assert sorted(p.name for p in (tmp_path / "eval").rglob("*")) == before
+
+
+def test_the_example_script_runs_the_recipe(tmp_path):
+    out = subprocess.run([sys.executable, "examples/recipe.py", "--out", str(tmp_path / "ex"), "--local", "--limit", "6"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("probe: 24/24 attempts, config ") and lines[1].startswith("pool: ")
+    assert lines[2].startswith("base: pass@1 ") and lines[3].startswith("better: pass@1 ")
+    assert lines[4] == "compare: 6 shared tasks"

@@ -5,7 +5,6 @@ these tests fail, never skip, in CI; a plain `pytest` without a cluster skips th
 """
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,18 +23,14 @@ from tbhpc.store.run_dir import RunDir
 from tbhpc.store.shards import list_shards
 
 from helpers import attempt_rows as rows
+from helpers import require_slurm
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module", autouse=True)
 def cluster():
-    if not os.environ.get("SLURM_CONF") or not shutil.which("sbatch"):
-        if os.environ.get("TBHPC_REQUIRE_SLURM"):
-            pytest.fail("TBHPC_REQUIRE_SLURM is set but no cluster is configured (SLURM_CONF)")
-        pytest.skip("no Slurm cluster (run `make slurm-up` and source its env.sh)")
-    out = subprocess.run(["sinfo", "-h", "-p", "batch", "-o", "%D %t"], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
+    require_slurm()
 
 
 def slurm_executor(**opts):
