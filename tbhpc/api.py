@@ -185,6 +185,7 @@ class Training:
     path: Path
     jobs: dict[str, str] = field(default_factory=dict)      # Slurm: {"serve": id, "train": id}
     process: subprocess.Popen | None = field(default=None, repr=False)   # local: the `tbhpc train` process
+    scripts: str = ""                                       # dry_run: the job scripts, nothing submitted
 
     def wait(self) -> int:
         if self.process is not None:
@@ -204,18 +205,20 @@ class Training:
 
 
 def train(config_: PathLike | None = None, *, out: PathLike, executor: str = "local", overrides: list[str] | tuple = (),
-          log: PathLike | None = None, **fields: Any) -> Training:
+          log: PathLike | None = None, env: dict[str, str] | None = None, dry_run: bool = False,
+          **fields: Any) -> Training:
     """Start a GRPO run; returns at once. "slurm": the serving + trainer jobs of `tbhpc submit train`
     (its sbatch path, not submitit: the trainer must start while the serving job runs and read its
-    endpoint file, which submitit's job dependencies cannot say), as job ids. "local": `tbhpc train`
-    in a subprocess (its ranks end their own process when training ends), output to `log`."""
+    endpoint file, which submitit's job dependencies cannot say), as job ids; `dry_run`: their
+    scripts, nothing submitted. "local": `tbhpc train` in a subprocess (its ranks end their own
+    process when training ends) with `env` (default: this process's), output to `log`."""
     import json
 
     from tbhpc.config import load_config
     from tbhpc.outpaths import check_run_folder
     from tbhpc.train.config import TrainConfig
-    args = list(overrides) + [f"{k}={json.dumps(v)}" for k, v in fields.items()]   # JSON is YAML: as typed
-    cfg = load_config(TrainConfig, config_, args)
+    cfg = load_config(TrainConfig, config_, list(overrides), updates=fields)
+    args = [f"{k}={json.dumps(v)}" for k, v in fields.items()] + list(overrides)   # JSON is YAML; the same precedence
     cfg.validate(str(config_ or "train config"))
     out = Path(out)
     check_run_folder(out, "train", flag="out")
@@ -223,14 +226,17 @@ def train(config_: PathLike | None = None, *, out: PathLike, executor: str = "lo
         import yaml
 
         from tbhpc.launch.train import submit_train
+        if dry_run:
+            return Training(out.resolve(), scripts=submit_train(cfg, out, dry_run=True))
         submit_train(cfg, out, log=lambda m: None)
         jobs = yaml.safe_load((out / "slurm" / "train-jobs.yaml").read_text(encoding="utf-8"))
         return Training(out.resolve(), {k: str(v) for k, v in jobs.items()})
-    if executor != "local":
-        raise UserError(f"train: executor must be 'local' or 'slurm', got {executor!r}")
+    if executor != "local" or dry_run:
+        raise UserError(f"train: executor must be 'local' or 'slurm' (dry_run: slurm only), got {executor!r}")
     cmd = [sys.executable, "-m", "tbhpc.cli", "train", str(out), *(["--config", str(config_)] if config_ else []), *args]
     sink = open(log, "ab") if log else None
-    return Training(out.resolve(), process=subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT if sink else None))
+    proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT if sink else None, env=env)
+    return Training(out.resolve(), process=proc)
 
 
 def _executor(executor: Any, cfg: CampaignConfig):

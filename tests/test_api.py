@@ -107,3 +107,18 @@ def test_the_example_script_runs_the_recipe(tmp_path):
     assert lines[0].startswith("probe: 24/24 attempts, config ") and lines[1].startswith("pool: ")
     assert lines[2].startswith("base: pass@1 ") and lines[3].startswith("better: pass@1 ")
     assert lines[4] == "compare: 6 shared tasks"
+
+
+def test_train_from_python_renders_the_cli_jobs_and_refuses_bad_input(tmp_path):
+    run = tmp_path / "train"
+    dry = api.train("jobs/train.yaml", out=run, executor="slurm", dry_run=True, nodes=3)
+    cli = subprocess.run([sys.executable, "-m", "tbhpc.cli", "submit", "train", "--out", str(run), "--config",
+                          "jobs/train.yaml", "--dry-run", "nodes=3"], capture_output=True, text=True)
+    assert cli.returncode == 0, cli.stderr
+    assert dry.scripts == cli.stdout and "# ---- serve.sbatch ----" in dry.scripts and not run.exists()
+    with pytest.raises(UserError) as err:
+        api.train("jobs/train.yaml", out=run, executor="slurm", group_sise=4)
+    assert str(err.value).startswith("argument group_sise=4: unknown field 'group_sise' (known: ")
+    with pytest.raises(UserError, match="train: executor must be 'local' or 'slurm'"):
+        api.train("jobs/train.yaml", out=run, executor="submitit")
+    assert not run.exists()

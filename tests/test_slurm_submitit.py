@@ -1,8 +1,8 @@
 """The Python API's submitit executor on the real local Slurm cluster (`make test` starts it and
 sets TBHPC_REQUIRE_SLURM=1: these tests fail, never skip, in CI): submitit's own AutoExecutor
-submits the campaign's chunks as one array job; the rows equal the local executor's; a cancelled
-array task and an `scontrol requeue` mid-chunk end exactly once; USR2 goes through submitit's
-checkpoint/requeue protocol. (The example script: test_api.py.)"""
+submits the campaign's chunks as one array job; the rows equal the local executor's; array tasks
+cancelled, requeued by `scontrol` and sent USR2 (submitit's checkpoint/requeue protocol) mid-chunk,
+then a resubmission: every attempt exactly once. (The example script: test_api.py.)"""
 from __future__ import annotations
 
 import json
@@ -30,9 +30,9 @@ def cluster():
     require_slurm()
 
 
-def _executor(tmp_path, **extra):
+def _executor(tmp_path, parallelism: int = 6):
     ex = submitit.AutoExecutor(folder=tmp_path / "submitit", cluster="slurm")
-    ex.update_parameters(timeout_min=10, slurm_partition="batch", slurm_array_parallelism=6, **extra)
+    ex.update_parameters(timeout_min=10, slurm_partition="batch", slurm_array_parallelism=parallelism)
     return ex
 
 
@@ -54,12 +54,16 @@ def _task_keys(run, task: int) -> list:
     return keys
 
 
-def test_a_submitit_array_gives_the_same_rows_as_the_local_executor(tmp_path):
-    local = api.evaluate(out=tmp_path / "local", policy_opts={"skill": 0.7}, **CHUNKED)
-    sub = api.evaluate(out=tmp_path / "sub", executor=_executor(tmp_path), policy_opts={"skill": 0.7}, **CHUNKED)
-    assert local.complete and sub.complete and sub.planned == 24
+def test_a_submitit_probe_gives_the_same_rows_as_the_local_executor(tmp_path):
+    probe = dict(CHUNKED, split="train", policy_opts={"skill": 0.7})
+    local = api.probe(out=tmp_path / "local", **probe)
+    sub = api.probe(out=tmp_path / "sub", executor=_executor(tmp_path, parallelism=3), **probe)
+    assert local.complete and sub.complete and sub.planned == 24 and sub.kind == "probe"
     assert rows(tmp_path / "sub") == rows(tmp_path / "local")
+    assert len({r[2] for r in rows(tmp_path / "sub")}) == 2                                # passes and failures
     assert len(sub.jobs) == 4 and len({j.job_id.split("_")[0] for j in sub.jobs}) == 1       # one array job
+    array = sub.jobs[0].job_id.split("_")[0]
+    assert "#SBATCH --array=0-3%3" in (tmp_path / "submitit" / f"{array}_submission.sh").read_text()   # parallelism kept
     jobs = json.loads((tmp_path / "sub" / "slurm" / "stage-001" / "jobs.json").read_text())
     assert jobs == {"submitit": sub.jobs[0].job_id.split("_")[0], "tasks": 4}               # `tbhpc status` follows it
     status = subprocess.run([sys.executable, "-m", "tbhpc.cli", "status", str(tmp_path / "sub")], capture_output=True,
@@ -67,43 +71,32 @@ def test_a_submitit_array_gives_the_same_rows_as_the_local_executor(tmp_path):
     assert status.returncode == 0 and "24/24" in status.stdout
 
 
-def test_a_cancelled_array_task_and_a_resubmission_complete_exactly_once(tmp_path):
+def test_cancel_requeue_and_usr2_mid_chunk_then_a_resubmission_complete_exactly_once(tmp_path):
+    """One submission, three array tasks hit mid-chunk: 0 by `scontrol requeue` (SIGTERM, which
+    submitit ignores, then SIGKILL; the requeued task skips what was saved), 1 cancelled (its rest
+    stays pending), 2 by USR2 (what Slurm sends before the time limit: submitit's checkpoint()
+    saves, then requeues). A resubmission runs only the cancelled rest."""
     run = tmp_path / "run"
-    started = api.evaluate(out=run, executor=_executor(tmp_path), wait=False, policy_opts={"delay_s": 0.4}, **CHUNKED)
-    _wait(lambda: _task_keys(run, 1))                              # task 1 is mid-chunk: one attempt saved
+    started = api.evaluate(out=run, executor=_executor(tmp_path), wait=False, policy_opts={"delay_s": 0.8}, **CHUNKED)
+    saved = _wait(lambda: len(_task_keys(run, 0)) >= 2 and _task_keys(run, 1) and _task_keys(run, 2)
+                  and set(_task_keys(run, 0)))
+    job = {i: started.jobs[i].job_id for i in range(3)}
+    subprocess.run(["scontrol", "requeue", job[0]], check=True)
     started.jobs[1].cancel()
+    subprocess.run(["scancel", "--signal=USR2", job[2]], check=True)
     first = started.wait()
-    assert 0 < first.missing < 6                                   # only the rest of the cancelled chunk
-    again = api.evaluate(out=run, executor=_executor(tmp_path), policy_opts={"delay_s": 0.4}, **CHUNKED)
+    assert 0 < first.missing < 6, first                            # only the rest of the cancelled chunk
+    for index in (0, 2):
+        keys = _task_keys(run, index)
+        assert len(keys) == len(set(keys)) == 6                    # finished, nothing done twice
+    assert saved <= set(_task_keys(run, 0))
+    logs = {i: "".join(p.read_text(errors="replace") for p in (tmp_path / "submitit").glob(f"{job[i]}_*_log.out"))
+            for i in (0, 2)}
+    assert logs[0].count("Starting with JobEnvironment") >= 2, logs[0][-2000:]          # it really ran twice
+    assert "Calling checkpoint method" in logs[2] and "Requeued job" in logs[2], logs[2][-2000:]
+    again = api.evaluate(out=run, executor=_executor(tmp_path), policy_opts={"delay_s": 0.8}, **CHUNKED)
     assert again.complete and again.done == 24
     stage2 = (run / "slurm" / "stage-002" / "chunks.jsonl").read_text().splitlines()
     assert sum(len(json.loads(line)) for line in stage2) == first.missing    # the resubmission ran only those
     keys = [(r[0], r[1]) for r in rows(run)]
     assert len(keys) == len(set(keys)) == 24 and validate(RunDir(run)).ok
-
-
-def test_scontrol_requeue_mid_chunk_resumes_without_redoing_saved_attempts(tmp_path):
-    run = tmp_path / "run"
-    started = api.evaluate(out=run, executor=_executor(tmp_path), wait=False, policy_opts={"delay_s": 0.4}, **CHUNKED)
-    saved = _wait(lambda: len(_task_keys(run, 0)) >= 2 and _task_keys(run, 0))
-    subprocess.run(["scontrol", "requeue", started.jobs[0].job_id], check=True)
-    done = started.wait()
-    assert done.complete and validate(RunDir(run)).ok
-    keys = _task_keys(run, 0)
-    assert len(keys) == len(set(keys)) == 6 and set(saved) <= set(keys)       # the requeued run skipped what was saved
-    log = "".join(p.read_text(errors="replace") for p in (tmp_path / "submitit").glob(f"{started.jobs[0].job_id}_*_log.out"))
-    assert log.count("Starting with JobEnvironment") >= 2, log[-2000:]           # it really ran twice
-
-
-def test_usr2_goes_through_submitits_checkpoint_and_requeue(tmp_path):
-    run = tmp_path / "run"
-    started = api.evaluate(out=run, executor=_executor(tmp_path), wait=False, policy_opts={"delay_s": 0.4}, **CHUNKED)
-    _wait(lambda: len(_task_keys(run, 2)) >= 1)
-    # what Slurm does `--signal` seconds before the time limit (submitit asks for USR2@90)
-    subprocess.run(["scancel", "--signal=USR2", started.jobs[2].job_id], check=True)
-    done = started.wait()
-    assert done.complete
-    keys = _task_keys(run, 2)
-    assert len(keys) == len(set(keys)) == 6
-    log = "".join(p.read_text(errors="replace") for p in (tmp_path / "submitit").glob(f"{started.jobs[2].job_id}_*_log.out"))
-    assert "Calling checkpoint method" in log and "Requeued job" in log, log[-2000:]

@@ -47,11 +47,18 @@ def pool(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def uninterrupted(warm_dir, pool, tmp_path_factory):
+    """Started through the Python API (`tbhpc train` in a subprocess, what `_train` runs)."""
+    from tbhpc import api
     run = tmp_path_factory.mktemp("train-local") / "run"
-    res = _train(run, f"model={warm_dir}", pool, *SMALL, "tensorboard=true", "export_eval=jobs/eval.yaml",
-                 "export_eval_overrides=[tasks=jobs/pools/smoke.yaml, limit=2, repeats=2, workers=1]")
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return run, res.stdout
+    log = run.parent / "train.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")}
+    started = api.train(out=run, executor="local", log=log, env={**env, "OMP_NUM_THREADS": "1"},
+                        overrides=[f"model={warm_dir}", pool, *SMALL, "tensorboard=true", "export_eval=jobs/eval.yaml",
+                                   "export_eval_overrides=[tasks=jobs/pools/smoke.yaml, limit=2, repeats=2, workers=1]"])
+    code = started.wait()
+    out = log.read_text()
+    assert code == 0, out[-6000:]
+    return run, out
 
 
 def test_local_run_trains_records_and_publishes(uninterrupted, warm_dir):
