@@ -81,41 +81,22 @@ def _log(run: RunDir, line: str) -> None:
         f.write(f"{datetime.now(timezone.utc).isoformat(timespec='seconds')} {line}\n")
 
 
-def degraded(run: RunDir) -> list[tuple[str, int, int]]:
-    """(what was missing, attempts, tasks) over the run's attempts whose environment lacked something."""
-    con = connect(run, read_only=True)
-    try:
-        if not _has_column(con, "env_degraded"):
-            return []
-        return con.execute("SELECT env_degraded, count(*), count(DISTINCT task_id) FROM attempts "
-                           "WHERE env_degraded IS NOT NULL GROUP BY 1 ORDER BY 1").fetchall()
-    finally:
-        con.close()
-
-
-def _has_column(con, column: str) -> bool:
-    """Results files written before a column existed lack it until their next merge."""
-    return column in [d[0] for d in con.execute("SELECT * FROM attempts LIMIT 0").description]
-
-
-def rubrics_skipped(run: RunDir) -> list[tuple[int, int]]:
-    """(attempts, tasks) graded without their yes/no rubrics (rubrics=skip); empty if none."""
-    con = connect(run, read_only=True)
-    try:
-        if not _has_column(con, "rubrics_skipped"):
-            return []
-        row = con.execute("SELECT count(*), count(DISTINCT task_id) FROM attempts WHERE rubrics_skipped > 0").fetchone()
-    finally:
-        con.close()
-    return [row] if row[0] else []
-
-
 def grading_notes(run: RunDir) -> list[str]:
     """What a reader of the run's numbers must know: attempts whose environment lacked something,
-    and attempts graded without their rubrics (said by the campaign summary and by `agg`)."""
-    lines = [f"{n} attempt(s) of {tasks} task(s) ran with env_degraded = {what!r}" for what, n, tasks in degraded(run)]
+    and attempts graded without their rubrics (said by the campaign summary and by `agg`). Results
+    files written before a column existed lack it until their next merge: nothing to say then."""
+    con = connect(run, read_only=True)
+    try:
+        columns = {d[0] for d in con.execute("SELECT * FROM attempts LIMIT 0").description}
+        degraded = con.execute("SELECT env_degraded, count(*), count(DISTINCT task_id) FROM attempts WHERE env_degraded "
+                               "IS NOT NULL GROUP BY 1 ORDER BY 1").fetchall() if "env_degraded" in columns else []
+        skipped = con.execute("SELECT count(*), count(DISTINCT task_id) FROM attempts WHERE rubrics_skipped > 0"
+                              ).fetchall() if "rubrics_skipped" in columns else []
+    finally:
+        con.close()
+    lines = [f"{n} attempt(s) of {tasks} task(s) ran with env_degraded = {what!r}" for what, n, tasks in degraded]
     lines += [f"{n} attempt(s) of {tasks} task(s) were graded without their yes/no rubrics (rubrics=skip: a pass "
-              "means the database matched; attempts.rubrics_skipped)" for n, tasks in rubrics_skipped(run)]
+              "means the database matched; attempts.rubrics_skipped)" for n, tasks in skipped if n]
     return lines
 
 

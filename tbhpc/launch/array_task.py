@@ -49,7 +49,8 @@ class ChunkRun:
         for task_id, attempt in todo:
             row = self.worker.attempt(task_id, attempt)
             self.buffer.append(row)
-            self.ok, self.errors = self.ok + (row["status"] != "system_error"), self.errors + (row["status"] == "system_error")
+            failed = row["status"] == "system_error"
+            self.ok, self.errors = self.ok + (not failed), self.errors + failed
             if len(self.buffer) >= self.flush_every:
                 self.flush()
         self.flush()

@@ -173,8 +173,10 @@ class ServerConnection:
             raise ToolServerError(f"tool server {self.spec.name}: {what} got no answer in {timeout_s:.0f}s") from None
         except Exception as exc:
             self.failure = self.failure or exc
-            status = None if self.alive else self.exit_status(wait_s=1.0)
-            dead = "" if self.alive else f" (the server {'exited with status %d' % status if status is not None else 'has stopped'})"
+            dead = ""
+            if not self.alive:
+                status = self.exit_status(wait_s=1.0)
+                dead = f" (the server {'has stopped' if status is None else f'exited with status {status}'})"
             raise ToolServerError(f"tool server {self.spec.name}: {what} failed{dead}{self._stderr_tail()}", exc) from None
 
     def _stderr_text(self) -> str:
