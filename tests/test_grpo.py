@@ -100,3 +100,42 @@ def test_seq_mean_weighs_every_episode_alike_and_sums_to_zero_on_policy():
     assert seq.item() == pytest.approx(0.0, abs=1e-12)
     assert tok.item() == pytest.approx((0.5 * 40 - 0.5 * 10) / 50)      # > 0: minimising it lowers the sampled logprobs
     assert pack([long_fail, short_pass], adv, budget=64)[0].weights is None
+
+
+@pytest.mark.parametrize("tis_cap", [0.0, 2.0])
+def test_the_importance_weighted_loss_is_the_on_policy_loss_when_behaviour_is_current(tis_cap):
+    """max_staleness 1 trains on samples of older weights through the ratio to their behaviour
+    logprobs (and, with tis_cap, the decoupled loss): when the behaviour policy is the current one,
+    both give exactly the on-policy loss and gradient, -A x grad log pi / tokens."""
+    rng = np.random.default_rng(1)
+    lp = _leaf(-rng.random((2, 5)) * 3)
+    mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    adv = torch.tensor(rng.normal(size=(2, 1)), dtype=torch.float64).expand(2, 5)
+    loss, st = policy_loss(lp, lp.detach(), adv, mask, global_loss_tokens=7, tis_cap=tis_cap)
+    loss.backward()
+    assert loss.item() == pytest.approx(float((-adv * mask).sum() / 7))
+    np.testing.assert_allclose(lp.grad.numpy(), (-adv * mask / 7).numpy(), rtol=1e-12)
+    assert (st.clip_fraction, st.truncated, st.ratio_max) == (0.0, 0.0, 1.0)
+
+
+def test_truncated_is_weights_tokens_by_pi_over_mu_capped_and_without_gradient_through_the_weight():
+    """tis_cap C: a token's gradient is -A x min(pi/mu, C) x grad log pi / tokens (the weight is a
+    constant; the PPO clip, measured from the weights being updated, is inert in one update); the
+    default loss clips the same tokens by pi/mu instead (no gradient beyond 1 + clip_high for A > 0)."""
+    mu = torch.zeros(5, dtype=torch.float64)
+    ratios = np.array([0.25, 0.9, 1.5, 2.0, 4.0])          # pi/mu of each token
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0], dtype=torch.float64)
+    lp = _leaf(np.log(ratios))
+    loss, st = policy_loss(lp, mu, adv, torch.ones(5), global_loss_tokens=5, tis_cap=2.0, dual_clip=3.0)
+    loss.backward()
+    weight = np.minimum(ratios, 2.0)
+    np.testing.assert_allclose(lp.grad.numpy(), -adv.numpy() * weight / 5, rtol=1e-12)
+    assert loss.item() == pytest.approx(float((-adv.numpy() * weight).sum() / 5))
+    assert st.truncated == pytest.approx(1 / 5)             # only 4.0 is above the cap (2.0 is at it)
+    assert st.ratio_max == pytest.approx(4.0) and st.clip_fraction == 0.0
+    plain = _leaf(np.log(ratios))
+    loss, st = policy_loss(plain, mu, adv, torch.ones(5), global_loss_tokens=5, clip_low=0.2, clip_high=0.2)
+    loss.backward()
+    # default: d/dlp of -A x ratio where unclipped; A > 0 above 1.2 is held (tokens 2 and 4)
+    np.testing.assert_allclose(plain.grad.numpy(), [-0.25 / 5, 0.9 / 5, 0.0, 2.0 / 5, 0.0], rtol=1e-12)
+    assert st.truncated == 0.0

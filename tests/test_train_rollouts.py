@@ -123,6 +123,21 @@ def test_samples_from_older_weights_than_the_step_expects_are_not_trained_on(eng
     assert all("expected step 2" in g.error for g in outcomes)
 
 
+def test_under_max_staleness_1_one_version_behind_is_trained_on_and_two_are_refused(engine, tasks_by_id):
+    """One step off-policy: step 2's rollouts from the base weights (one version behind) are kept;
+    step 3's from them (two behind) are dropped with the bound in the error, never scored."""
+    ctx, _ = _ctx(engine, tasks_by_id)
+    ctx.max_staleness = 1
+    queue = DrawQueue(make_store(0, 1), step=2, need=1, cap=4)
+    kept = run_rank_rollouts(ctx, queue, step=2, expected_version=1)      # the generator says "base"
+    assert queue.cutoff() is not None and all(g.status in (MIXED, FLAT) for g in kept)
+    assert {r.episode.policy_version for g in kept for r in g.rollouts} == {0}
+    queue = DrawQueue(make_store(0, 1), step=3, need=1, cap=2)
+    refused = run_rank_rollouts(ctx, queue, step=3, expected_version=2)
+    assert [g.status for g in refused] == [DROPPED, DROPPED]
+    assert all("expected step 2 (staleness bound 1)" in g.error for g in refused)
+
+
 def test_a_step_stopped_mid_rollouts_is_abandoned_and_redrawn_identically(engine, tasks_by_id):
     """A preemption signal during the rollouts (the trainer's stop event, set here when the 6th
     episode starts, with groups 0 and 1 in flight): episodes already begun finish, none begins after

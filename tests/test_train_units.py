@@ -168,6 +168,12 @@ def test_config_errors_name_the_field(tmp_path):
     assert load_config(TrainConfig, None, ["lr=1e-6"]).lr == 1e-6      # YAML reads 1e-6 as text; taken as a number
     with pytest.raises(UserError, match="'model' is required"):
         TrainConfig(pool="p").validate()
+    with pytest.raises(UserError, match="'max_staleness' must be 0 .on-policy. or 1"):
+        TrainConfig(max_staleness=2)
+    with pytest.raises(UserError, match="'tis_cap' must be 0 .off. or a number >= 1, got 0.5"):
+        TrainConfig(tis_cap=0.5)
+    with pytest.raises(UserError, match="'keep_published' must be >= 2 with max_staleness 1"):
+        TrainConfig(max_staleness=1, keep_published=1)
 
 
 def test_deepspeed_config_follows_the_device():
@@ -211,7 +217,9 @@ def test_step_line_reads_like_a_log():
            "mismatch": 1e-3, "rollout_s": 1.0, "update_s": 2.0, "publish_s": 0.1, "sync_s": 0.2}
     line = step_line(row)
     assert line.startswith("step    3 [step-000002] reward 0.250 mixed 3/4 (drawn 5, dropped 1, re-runs 2)")
-    assert "update 2.0s" in line and "sync 0.2s" in line
+    assert "update 2.0s" in line and "sync 0.2s" in line and "wait" not in line
+    line = step_line({**row, "max_staleness": 1, "staleness": 1, "wait_s": 0.4})      # one step off-policy: the trainer's wait shows
+    assert line.endswith("sync 0.2s wait 0.4s (staleness 1)")
 
 
 def test_warmstart_examples_are_the_token_traces_of_passed_oracle_episodes(tiny_dir, tasks_by_id):

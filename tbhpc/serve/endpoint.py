@@ -71,16 +71,20 @@ def remove_endpoint(run_dir: Path | str) -> None:
     endpoint_path(run_dir).unlink(missing_ok=True)
 
 
-def wait_for_version(run_dir: Path | str, version: str, timeout_s: float = 600.0, poll_s: float = 0.2) -> Endpoint:
-    """Block until the run's server announces `version` (a verified sync) and return its endpoint.
+def wait_for_version(run_dir: Path | str, version: str, timeout_s: float = 600.0, poll_s: float = 0.2,
+                     or_newer: bool = False) -> Endpoint:
+    """Block until the run's server announces `version` (a verified sync; with `or_newer`, a newer
+    verified one will do) and return its endpoint.
     A server that refused it (`rejected:<version>`, the check failed) raises at once with the
     check's figures; so does a timeout. What a trainer calls before sampling from new weights."""
     from tbhpc.errors import EndpointError
-    from tbhpc.serve.checkpoints import REJECTED, read_syncs
+    from tbhpc.serve.checkpoints import REJECTED, read_syncs, trusted_version, version_step
     deadline = time.monotonic() + timeout_s
     while True:
         ep = read_endpoint(run_dir, wait_s=max(0.0, deadline - time.monotonic()))
         if ep.version == version:
+            return ep
+        if or_newer and trusted_version(ep.version) and version_step(ep.version) > version_step(version):
             return ep
         if ep.version == REJECTED + version:
             last = next((s for s in reversed(read_syncs(Path(endpoint_path(run_dir)).parent))

@@ -45,6 +45,9 @@ class TrainConfig:
     max_draws: int = 0                    # cap on groups drawn per step (replacement of zero-variance ones); 0 = 4 x B
     max_reruns: int = 3                   # system-error re-runs per episode before its group is dropped
     draw_ahead: int = -1                  # groups in flight beyond the B a step could still keep (-1: no bound)
+    # 0: on-policy, rollouts wait for the previous update. 1: one step off-policy, step s+1's rollouts are
+    # generated (from the newest verified weights, at least step s-1's) while step s updates; older refused
+    max_staleness: int = 0
     # where tokens come from: the run's vLLM server (endpoint.json) or the policy in this process
     generator: str = "server"             # server | local | batched (in process; batched serves episodes_in_flight together)
     episodes_in_flight: int = 32          # concurrent episodes per rank (server mode)
@@ -66,6 +69,7 @@ class TrainConfig:
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float = 3.0                # cap on the loss of negative-advantage tokens (0: off)
+    tis_cap: float = 0.0                  # truncated IS (decoupled loss, grpo.py): weight min(pi/mu, cap); 0: off
     # the optimiser and engine
     lr: float = 1e-6
     weight_decay: float = 0.0
@@ -101,6 +105,11 @@ class TrainConfig:
             raise UserError("train config: field 'group_size' must be >= 2 (a group of one has no baseline)")
         if self.draw_ahead < -1:
             raise UserError(f"train config: field 'draw_ahead' must be >= 0, or -1 (no bound), got {self.draw_ahead!r}")
+        if self.max_staleness not in (0, 1):
+            raise UserError(f"train config: field 'max_staleness' must be 0 (on-policy) or 1 (one step off-policy), "
+                            f"got {self.max_staleness!r}")
+        if not (_finite(self.tis_cap) and (self.tis_cap == 0 or self.tis_cap >= 1)):
+            raise UserError(f"train config: field 'tis_cap' must be 0 (off) or a number >= 1, got {self.tis_cap!r}")
         if self.generator not in ("server", "local", "batched"):
             raise UserError(f"train config: field 'generator' must be server, local or batched, got {self.generator!r}")
         if self.dtype not in ("auto", "fp32", "bf16"):
@@ -126,6 +135,9 @@ class TrainConfig:
         for name in ("max_draws", "max_reruns", "max_context", "export_every", "keep_checkpoints", "keep_published"):
             if getattr(self, name) < 0:
                 raise UserError(f"train config: field {name!r} must be >= 0, got {getattr(self, name)!r}")
+        if self.keep_published < self.max_staleness + 1:
+            raise UserError(f"train config: field 'keep_published' must be >= {self.max_staleness + 1} with max_staleness "
+                            f"{self.max_staleness} (a resumed step samples from weights that old)")
         if 0 < self.max_draws < self.groups_per_step:
             raise UserError(f"train config: field 'max_draws' ({self.max_draws}) must be >= groups_per_step "
                             f"({self.groups_per_step}), or 0 (4 x groups_per_step)")

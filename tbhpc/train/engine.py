@@ -120,6 +120,7 @@ class UpdateStats:
     clip_fraction: float = 0.0
     mismatch: float = 0.0         # mean |trainer - server| logprob on this rank's loss tokens
     ratio_max: float = 0.0
+    truncated: float = 0.0        # share of this rank's loss tokens whose IS weight hit tis_cap
 
 
 class Engine:
@@ -199,7 +200,7 @@ class Engine:
         if global_tokens <= 0:
             return st
         self.engine.train()
-        clipped = mism = 0.0
+        clipped = mism = capped = 0.0
         plain = None
         for k in range(n_micro):
             self.engine.set_gradient_accumulation_boundary(k == n_micro - 1)
@@ -209,8 +210,9 @@ class Engine:
                 loss, s = policy_loss(lp, p.behaviour.to(self.device), p.advantages.to(self.device),
                                       p.loss_mask.to(self.device), normaliser, cfg.clip_low, cfg.clip_high,
                                       self.env.world, cfg.dual_clip,
-                                      None if p.weights is None else p.weights.to(self.device))
+                                      None if p.weights is None else p.weights.to(self.device), cfg.tis_cap)
                 clipped += s.clip_fraction * s.loss_tokens
+                capped += s.truncated * s.loss_tokens
                 mism += s.mismatch * s.loss_tokens
                 st.ratio_max = max(st.ratio_max, s.ratio_max)
                 st.loss += float(loss.item()) / self.env.world
@@ -226,6 +228,7 @@ class Engine:
         st.grad_norm = float(norm) if norm is not None else 0.0
         st.clip_fraction = clipped / local_tokens if local_tokens else 0.0
         st.mismatch = mism / local_tokens if local_tokens else 0.0
+        st.truncated = capped / local_tokens if local_tokens else 0.0
         return st
 
     def consolidated_state_dict(self) -> dict | None:

@@ -12,8 +12,9 @@
 On USR2/SIGTERM (Slurm's warning before a time limit or preemption) every rank stops at the next
 safe point: a step whose rollouts were cut short is abandoned (it is redrawn identically on
 resume), a step past its rollouts is finished and checkpointed; then rank 0 requeues the job.
-The structure keeps generation and update apart so that generating step s+1 during the update of
-step s (one-step-off-policy) only changes which version `_sampling_weights` waits for.
+One step off-policy (`max_staleness: 1`), the rollouts of step s+1 run in a thread during step s's
+update and publish, from step s-1's weights (or newer, on a server); `fit` says what that does to
+determinism and preemption.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -46,6 +48,58 @@ class Preempted(TbhpcError):
 
 def version_of(step: int) -> str:
     return BASE_VERSION if step == 0 else version_name(step)
+
+
+def attempt_index(cfg: TrainConfig, step: int, draw: int, k: int) -> int:
+    """A rollout's attempt index, unique in the run: off-policy two steps can be sampled by the same
+    weights (the attempt key's policy_id), so the index counts across steps, not within one."""
+    return ((step - 1) * cfg.draw_cap + draw) * cfg.group_size + k
+
+
+def _utc(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).replace(tzinfo=None).isoformat(sep=" ")
+
+
+@dataclass
+class StepRollouts:
+    """One step's rollouts on this rank, and when they ran."""
+    step: int
+    outcomes: list
+    cutoff: int | None          # None: stopped before the step was decided
+    sync_s: float               # waiting for the sampling weights
+    rollout_s: float
+    started: float              # wall clock (time.time()) of the wait for weights, and of the last outcome
+    ended: float
+    seconds: float
+
+
+class _Ahead:
+    """The next step's rollouts, running in a thread while this step updates."""
+
+    def __init__(self, fn, step: int):
+        self.value, self.error = None, None
+        self.thread = threading.Thread(target=self._run, args=(fn, step), name=f"rollouts-{step}", daemon=True)
+
+    @classmethod
+    def started(cls, fn, step: int) -> "_Ahead":
+        a = cls(fn, step)
+        a.thread.start()
+        return a
+
+    def _run(self, fn, step: int) -> None:
+        try:
+            self.value = fn(step)
+        except BaseException as exc:    # handed to the loop, which raises it in the main thread
+            self.error = exc
+
+    def join(self) -> None:
+        self.thread.join()
+
+    def result(self):
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
 
 
 class Trainer:
@@ -75,7 +129,7 @@ class Trainer:
         self.store = make_store(self.env.rank, self.env.world, self.env.master_addr, self.env.master_port + 1)
         self.envs = Environments(cfg.servers)
         self.ctx = RolloutContext(pool, {t.id: t for t in tasks}, self.envs.for_task, self._policy(), *_user_judge(cfg),
-                                  group_size=cfg.group_size, seed=cfg.seed, max_reruns=cfg.max_reruns,
+                                  group_size=cfg.group_size, seed=cfg.seed, max_reruns=cfg.max_reruns, max_staleness=cfg.max_staleness,
                                   episodes_in_flight=cfg.episodes_in_flight if cfg.generator != "local" else 1)
         self.tb = _tensorboard(self.run_path) if cfg.tensorboard and self.rank0 else None
 
@@ -87,19 +141,20 @@ class Trainer:
                            top_k=c.top_k, top_p=c.top_p, max_tokens=c.max_tokens, response_budget=c.response_budget,
                            max_context=c.max_context, seed=c.seed, threads=c.torch_threads)
 
-    def _sampling_weights(self, step: int) -> float:
-        """Make the generator sample from step-1's weights; returns the seconds spent waiting."""
-        t0, want = time.monotonic(), version_of(step - 1)
+    def _sampling_weights(self, version: int) -> float:
+        """Make the generator sample from step `version`'s weights (a server: that version or a newer
+        verified one); returns the seconds spent waiting."""
+        t0, want = time.monotonic(), version_of(version)
         if self.cfg.generator == "server":
             from tbhpc.serve.endpoint import wait_for_version
-            wait_for_version(self.run_path, want, timeout_s=self.cfg.sync_timeout_s)
+            wait_for_version(self.run_path, want, timeout_s=self.cfg.sync_timeout_s, or_newer=self.cfg.max_staleness > 0)
         else:
             import torch
             from transformers import AutoModelForCausalLM
 
             from tbhpc.policy.generation import LocalGenerator
             # the published copy (not this process's module): exactly the weights a server would load
-            path = self.cfg.model if step == 1 else str(published(self.run_path, step - 1).path)
+            path = self.cfg.model if version == 0 else str(published(self.run_path, version).path)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
             old = self.ctx.policy._engine[1] if self.ctx.policy._engine else None
             if self.cfg.generator == "batched" and old is not None:
@@ -114,9 +169,34 @@ class Trainer:
             self.ctx.policy._engine = (self.eng.tokenizer, gen)
         return time.monotonic() - t0
 
+    def _rollouts(self, step: int) -> StepRollouts:
+        """Step `step`'s rollouts, sampled from the weights of step - 1 - max_staleness (or newer on a
+        server). On-policy this runs in the loop; one step off-policy, in a thread during the
+        previous step's update (no collectives here: only the draw queue's store is shared)."""
+        t_start, t0 = time.time(), time.monotonic()
+        sync_s = self._sampling_weights(max(0, step - 1 - self.cfg.max_staleness))
+        t1 = time.monotonic()
+        queue = DrawQueue(self.store, step, self.cfg.groups_per_step, self.cfg.draw_cap,
+                          None if self.cfg.draw_ahead < 0 else self.cfg.draw_ahead)
+        done = threading.Event()
+        if self.rank0:
+            threading.Thread(target=self._progress, args=(step, queue, done, t1), daemon=True).start()
+        try:
+            outcomes = run_rank_rollouts(self.ctx, queue, step, expected_version=step - 1, stop=self.stop)
+        finally:
+            done.set()
+        return StepRollouts(step, outcomes, queue.cutoff(), sync_s, time.monotonic() - t1, t_start, time.time(),
+                            time.monotonic() - t0)
+
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> int:
-        """Run steps until cfg.steps; returns the last finished step. Raises Preempted on a signal."""
+        """Run steps until cfg.steps; returns the last finished step. Raises Preempted on a signal.
+
+        One step off-policy (max_staleness 1) the rollouts of step s+1 start, in a thread, as soon
+        as step s's rollouts end, from the newest weights then published (step s-1's), and run
+        while step s updates and publishes. Determinism: the in-process generator samples step s
+        from exactly step s-2's weights, so a resumed run redraws the same rows; a server samples
+        from whatever verified version it holds when each request runs (recorded per sample)."""
         self._install_signals()
         client = self.eng.load(str(self.run_path / "ds_checkpoints"))
         start = int(client["step"]) + 1 if client else 1
@@ -124,8 +204,25 @@ class Trainer:
             self.log(f"train: resumed from the DeepSpeed checkpoint of step {start - 1}")
         if start > 1 and published(self.run_path, start - 1) is None:
             self._publish(start - 1)          # saved but never published (stopped in between)
-        for step in range(start, self.cfg.steps + 1):
-            self._step(step)
+        ahead = _Ahead.started(self._rollouts, start) if self.cfg.max_staleness else None
+        t_free = time.monotonic()
+        try:
+            for step in range(start, self.cfg.steps + 1):
+                t_wait = time.monotonic()
+                ro = ahead.result() if ahead else self._rollouts(step)
+                wait_s = time.monotonic() - t_wait
+                if self._agree_to_stop():
+                    raise Preempted(f"stopped during the rollouts of step {step}; it is redrawn on resume")
+                ahead = _Ahead.started(self._rollouts, step + 1) if self.cfg.max_staleness and step < self.cfg.steps else None
+                self._learn(step, ro, wait_s, t_free)
+                t_free = time.monotonic()
+                if self._agree_to_stop():
+                    nxt = f"; the rollouts of step {step + 1} are redrawn on resume" if ahead else ""
+                    raise Preempted(f"stopped after step {step} (checkpointed){nxt}")
+        finally:
+            if ahead is not None:     # stopping (a signal or an error): the thread sees the stop event
+                self.stop.set()
+                ahead.join()
         return self.cfg.steps
 
     def leave(self, code: int):
@@ -134,41 +231,30 @@ class Trainer:
             self.tb.close()
         self.eng.leave(code)
 
-    def _step(self, step: int) -> None:
-        cfg, t_step = self.cfg, time.monotonic()
-        sync_s = self._sampling_weights(step)
-        t0 = time.monotonic()
-        queue = DrawQueue(self.store, step, cfg.groups_per_step, cfg.draw_cap,
-                          None if cfg.draw_ahead < 0 else cfg.draw_ahead)
-        done = threading.Event()
-        if self.rank0:
-            threading.Thread(target=self._progress, args=(step, queue, done, t0), daemon=True).start()
-        try:
-            outcomes = run_rank_rollouts(self.ctx, queue, step, expected_version=step - 1, stop=self.stop)
-        finally:
-            done.set()
-        rollout_s = time.monotonic() - t0
-        if self._agree_to_stop():
-            raise Preempted(f"stopped during the rollouts of step {step}; it is redrawn on resume")
-        cutoff = queue.cutoff()
-        if cutoff is None:
+    def _learn(self, step: int, ro: StepRollouts, wait_s: float, t_free: float) -> None:
+        """Everything after the rollouts: record, update, checkpoint, publish, log (collective)."""
+        cfg = self.cfg
+        if ro.cutoff is None:
             raise TbhpcError(f"step {step}: the rollouts ended undecided (cap {cfg.draw_cap})")
-        mine = [g for g in outcomes if g.index <= cutoff and g.status in (MIXED, FLAT)]
+        mine = [g for g in ro.outcomes if g.index <= ro.cutoff and g.status in (MIXED, FLAT)]
         kept = [g for g in mine if g.status == MIXED]
         episodes, adv = self._advantages(kept)
         self._record_attempts(step, mine)
-        t0 = time.monotonic()
+        t_update, t0 = time.time(), time.monotonic()
         budget = effective_budget(cfg.microbatch_tokens, [len(e.tokens) for e in episodes],
                                   getattr(self.eng.module.config, "_attn_implementation", None))
         stats = self.eng.update(pack(episodes, adv, budget, seq_weights=cfg.loss_agg == "seq-mean-token-mean"))
-        update_s = time.monotonic() - t0
+        update_s, t_updated = time.monotonic() - t0, time.time()
         t0 = time.monotonic()
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
             self._checkpoint(step)
         self._publish(step)
         publish_s = time.monotonic() - t0
-        row = self._step_row(step, outcomes, cutoff, stats, dict(rollout_s=rollout_s, update_s=update_s, publish_s=publish_s,
-                                                                 sync_s=sync_s, step_s=time.monotonic() - t_step))
+        timings = dict(rollout_s=ro.rollout_s, update_s=update_s, publish_s=publish_s, sync_s=ro.sync_s,
+                       step_s=time.monotonic() - t_free, wait_s=wait_s)
+        stamps = dict(rollout_start=ro.started, rollout_end=ro.ended, update_start=t_update, update_end=t_updated,
+                      published=time.time())
+        row = self._step_row(step, ro.outcomes, ro.cutoff, stats, timings, stamps)
         if self.rank0:
             record_step(self.run, row)
             from tbhpc.store.merge import merge
@@ -179,8 +265,6 @@ class Trainer:
                     if isinstance(v, (int, float)) and not isinstance(v, bool):
                         self.tb.add_scalar(f"train/{k}", v, step)
                 self.tb.flush()
-        if self._agree_to_stop():
-            raise Preempted(f"stopped after step {step} (checkpointed)")
 
     def _progress(self, step: int, queue: DrawQueue, done: threading.Event, t0: float, every_s: float = 10.0) -> None:
         """A progress line every `every_s` while a step's rollouts run (they can take minutes)."""
@@ -209,7 +293,8 @@ class Trainer:
             for k, r in enumerate(g.rollouts):
                 version = version_of(r.episode.policy_version)
                 started = datetime.now(timezone.utc)
-                row = attempt_row(r.result, self.cfg.name, version, g.index * self.cfg.group_size + k, started, self.run.blobs)
+                row = attempt_row(r.result, self.cfg.name, version, attempt_index(self.cfg, step, g.index, k), started,
+                                  self.run.blobs)
                 row.update(train_step=step, policy_version=version)
                 rows.append(row)
                 eps.extend(r.samples)
@@ -255,7 +340,7 @@ class Trainer:
                 marker.unlink()
                 shutil.rmtree(self.run_path / "checkpoints" / version_name(old), ignore_errors=True)
 
-    def _step_row(self, step, outcomes, cutoff, stats, timings) -> dict:
+    def _step_row(self, step, outcomes, cutoff, stats, timings, stamps) -> dict:
         import torch.distributed as dist
         mine = [g for g in outcomes if g.index <= cutoff]
         local = {
@@ -267,6 +352,7 @@ class Trainer:
             "episodes": sum(len(g.rollouts) for g in mine), "kept_episodes": sum(len(g.rollouts) for g in mine if g.status == MIXED),
             "tokens": stats.tokens, "loss_tokens": stats.loss_tokens, "micro_batches": stats.micro_batches,
             "loss": stats.loss, "clip_tokens": stats.clip_fraction * stats.loss_tokens,
+            "truncated_tokens": stats.truncated * stats.loss_tokens,
             "mismatch_tokens": stats.mismatch * stats.loss_tokens, "ratio_max": stats.ratio_max,
             "staleness": max((step - 1 - r.episode.policy_version for g in mine for r in g.rollouts), default=0),
         }
@@ -287,7 +373,9 @@ class Trainer:
             "mismatch": tot["mismatch_tokens"] / lt, "ratio_max": max(p["ratio_max"] for p in parts),
             "staleness": max(p["staleness"] for p in parts), "normalize_std": self.cfg.normalize_std,
             **{k: round(v, 4) for k, v in timings.items()},
-            "finished_at": datetime.now(timezone.utc).replace(tzinfo=None).isoformat(sep=" "),
+            "finished_at": _utc(time.time()),
+            "max_staleness": self.cfg.max_staleness, "truncated": tot["truncated_tokens"] / lt,
+            **{k: _utc(v) for k, v in stamps.items()},   # rank 0's clock (the timeline of `tbhpc report`)
         }
 
     # ---- signals -----------------------------------------------------------------------------

@@ -3,7 +3,9 @@
     RUN/campaign.json, config.yaml, plan.jsonl, tasks.json   kind "train"; the plan is the pool (repeats = G)
     RUN/shards/ -> results.duckdb `attempts`                  one row per rollout episode: campaign = the
                                                              run's name, policy_id = the weights that sampled
-                                                             it, train_step, policy_version
+                                                             it, train_step, policy_version; attempt_index
+                                                             ((step-1) x draw cap + draw) x G + k: unique in
+                                                             the run (loop.attempt_index)
     RUN/results.duckdb `train_steps`                          one row per step (logs/train_steps.jsonl too)
     RUN/buffers/step-N[.rankR].h5                             the episodes token-exact (rollout/buffer.py)
     RUN/checkpoints/step-N (+ .ready)                         published weights (serve/checkpoints.py)
@@ -43,6 +45,11 @@ STEP_COLUMNS: dict[str, str] = {
     "staleness": "INTEGER", "normalize_std": "BOOLEAN",
     "rollout_s": "DOUBLE", "update_s": "DOUBLE", "publish_s": "DOUBLE", "sync_s": "DOUBLE", "step_s": "DOUBLE",
     "finished_at": "TIMESTAMP",
+    # one step off-policy: the bound, the share of IS weights tis_cap truncated, the trainer's wait for
+    # rollouts, and the step's timeline (rollouts of step s+1 overlap the update of step s)
+    "max_staleness": "INTEGER", "truncated": "DOUBLE", "wait_s": "DOUBLE",
+    "rollout_start": "TIMESTAMP", "rollout_end": "TIMESTAMP", "update_start": "TIMESTAMP", "update_end": "TIMESTAMP",
+    "published": "TIMESTAMP",
 }
 
 
@@ -87,6 +94,8 @@ def record_step(run: RunDir, row: dict, log: bool = True) -> None:
         try:
             con.execute(f"CREATE TABLE IF NOT EXISTS train_steps ({', '.join(f'{c} {t}' for c, t in STEP_COLUMNS.items())}, "
                         "PRIMARY KEY (run, step))")
+            for c, t in STEP_COLUMNS.items():        # a results file from before a column existed
+                con.execute(f"ALTER TABLE train_steps ADD COLUMN IF NOT EXISTS {c} {t}")
             insert_rows(con, "train_steps", [row], STEP_COLUMNS, replace=True)
         finally:
             con.close()
@@ -119,4 +128,5 @@ def step_line(row: dict) -> str:
             f"mixed {row['kept']}/{row['kept'] + row['flat']} (drawn {row['drawn']}, dropped {row['dropped']}, "
             f"re-runs {row['reruns']}) tokens {row['tokens']} loss {row['loss']:+.4f} |g| {row['grad_norm']:.3g} "
             f"clip {row['clip_fraction']:.3f} Δlp {row['mismatch']:.2e} | rollout {row['rollout_s']:.1f}s "
-            f"update {row['update_s']:.1f}s publish {row['publish_s']:.1f}s sync {row['sync_s']:.1f}s")
+            f"update {row['update_s']:.1f}s publish {row['publish_s']:.1f}s sync {row['sync_s']:.1f}s"
+            + (f" wait {row['wait_s']:.1f}s (staleness {row['staleness']})" if row.get("max_staleness") else ""))
