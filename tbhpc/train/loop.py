@@ -65,7 +65,7 @@ class StepRollouts:
     """One step's rollouts on this rank, and when they ran."""
     step: int
     outcomes: list
-    cutoff: int | None          # None: stopped before the step was decided
+    queue: DrawQueue            # its cutoff is read once every rank's rollouts ended (after a collective)
     sync_s: float               # waiting for the sampling weights
     rollout_s: float
     started: float              # wall clock (time.time()) of the wait for weights, and of the last outcome
@@ -185,7 +185,7 @@ class Trainer:
             outcomes = run_rank_rollouts(self.ctx, queue, step, expected_version=step - 1, stop=self.stop)
         finally:
             done.set()
-        return StepRollouts(step, outcomes, queue.cutoff(), sync_s, time.monotonic() - t1, t_start, time.time(),
+        return StepRollouts(step, outcomes, queue, sync_s, time.monotonic() - t1, t_start, time.time(),
                             time.monotonic() - t0)
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -211,7 +211,7 @@ class Trainer:
                 t_wait = time.monotonic()
                 ro = ahead.result() if ahead else self._rollouts(step)
                 wait_s = time.monotonic() - t_wait
-                if self._agree_to_stop():
+                if self._agree_to_stop():     # also the barrier after which every rank's outcomes are in
                     raise Preempted(f"stopped during the rollouts of step {step}; it is redrawn on resume")
                 ahead = _Ahead.started(self._rollouts, step + 1) if self.cfg.max_staleness and step < self.cfg.steps else None
                 self._learn(step, ro, wait_s, t_free)
@@ -234,9 +234,10 @@ class Trainer:
     def _learn(self, step: int, ro: StepRollouts, wait_s: float, t_free: float) -> None:
         """Everything after the rollouts: record, update, checkpoint, publish, log (collective)."""
         cfg = self.cfg
-        if ro.cutoff is None:
+        cutoff = ro.queue.cutoff()      # every rank reported (the loop's _agree_to_stop was a collective)
+        if cutoff is None:
             raise TbhpcError(f"step {step}: the rollouts ended undecided (cap {cfg.draw_cap})")
-        mine = [g for g in ro.outcomes if g.index <= ro.cutoff and g.status in (MIXED, FLAT)]
+        mine = [g for g in ro.outcomes if g.index <= cutoff and g.status in (MIXED, FLAT)]
         kept = [g for g in mine if g.status == MIXED]
         episodes, adv = self._advantages(kept)
         self._record_attempts(step, mine)
@@ -254,7 +255,7 @@ class Trainer:
                        step_s=time.monotonic() - t_free, wait_s=wait_s)
         stamps = dict(rollout_start=ro.started, rollout_end=ro.ended, update_start=t_update, update_end=t_updated,
                       published=time.time())
-        row = self._step_row(step, ro.outcomes, ro.cutoff, stats, timings, stamps)
+        row = self._step_row(step, ro.outcomes, cutoff, stats, timings, stamps)
         if self.rank0:
             record_step(self.run, row)
             from tbhpc.store.merge import merge
