@@ -33,6 +33,15 @@ def _md(headers, rows) -> str:
                      + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
 
 
+def _show(con: Console, title: str, heads, rows) -> None:
+    t = Table(title=title)
+    for h in heads:
+        t.add_column(h)
+    for r in rows:
+        t.add_row(*map(str, r))
+    con.print(t)
+
+
 def local_points(runs, cal_runs, shared_cores: int):
     measured = [measure_run(Path(r)) for r in runs]
     names = {str(Path(r)) for r in cal_runs or []}
@@ -86,16 +95,12 @@ def main() -> int:
     table = []
     for m, p, fitted in rows:
         err = (p.step_s - m.step_s) / m.step_s
-        table.append([Path(m.run).name + (" (calibration)" if fitted else ""), m.world, m.in_flight, m.max_staleness, f"{m.step_s:.1f}", f"{p.step_s:.1f}", f"{err:+.0%}",
+        table.append([Path(m.run).name + (" (calibration)" if fitted else ""), m.world, m.in_flight, m.max_staleness,
+                      f"{m.step_s:.1f}", f"{p.step_s:.1f}", f"{err:+.0%}",
                       f"{m.rollout_s:.1f}/{p.rollout_s:.1f}", f"{m.update_s:.1f}/{p.update_s:.1f}",
                       f"{m.trainer_wait_s:.1f}/{p.trainer_idle_s:.1f}"])
     cal = " + ".join(Path(m.run).name for m in base)
-    t = Table(title=f"predicted vs measured (rates from {cal})")
-    for h in heads:
-        t.add_column(h)
-    for r in table:
-        t.add_row(*map(str, r))
-    con.print(t)
+    _show(con, f"predicted vs measured (rates from {cal})", heads, table)
     worst = max((abs((p.step_s - m.step_s) / m.step_s) for m, p, fitted in rows if not fitted), default=float("nan"))
 
     hw = yaml.safe_load(Path(args.hardware).read_text())
@@ -117,12 +122,7 @@ def main() -> int:
         rtable.append([label, mode, tn, nodes - tn, f"{p.rollout_s:.0f}", f"{p.update_s:.0f}",
                        f"{p.publish_s + p.sync_s:.0f}", f"{p.step_s:.0f}", f"{p.trainer_idle_s / p.step_s:.0%}",
                        f"{p.server_idle_s / p.step_s:.0%}"])
-    t = Table(title=f"{hw['name']}: best split per mode")
-    for h in rheads:
-        t.add_column(h)
-    for r in rtable:
-        t.add_row(*map(str, r))
-    con.print(t)
+    _show(con, f"{hw['name']}: best split per mode", rheads, rtable)
 
     camp = hw["campaign"]
     cheads = ["array tasks K", "fair-share slots", "waves", "attempts per task", "hours"]
@@ -130,12 +130,8 @@ def main() -> int:
     for k, slots in ((8, 8), (32, 32), (128, 32), (128, 128), (507, 64)):
         c = campaign_time(Campaign(**{**camp, "array_tasks": k, "slots": slots}))
         ctable.append([k, slots, c["waves"], c["per_array_task"], f"{c['total_s'] / 3600:.2f}"])
-    t = Table(title=f"eval {camp['tasks']} tasks x {camp['repeats']} ({camp['workers']} episodes in flight per array task)")
-    for h in cheads:
-        t.add_column(h)
-    for r in ctable:
-        t.add_row(*map(str, r))
-    con.print(t)
+    _show(con, f"eval {camp['tasks']} tasks x {camp['repeats']} ({camp['workers']} episodes in flight per array task)",
+          cheads, ctable)
 
     md = "\n\n".join([
         f"## Predicted vs measured (rates from {cal}; largest error off the calibration runs {worst:.0%})",

@@ -95,3 +95,20 @@ def test_a_stopped_and_resumed_off_policy_run_writes_the_rows_of_an_uninterrupte
     assert res.returncode == 0, res.stderr[-4000:]
     assert "resumed from the DeepSpeed checkpoint of step" in res.stdout + res.stderr
     assert _rows(run) == _rows(reference)
+
+
+def test_the_scaling_model_calibrates_on_a_run_and_extrapolates(reference, tmp_path):
+    """bench/scaling.py on this run's own files: a calibration file a user can re-use, the local
+    table, the reference's 3 x 8 and 64 x 8 table and the campaign table, and the plot."""
+    out = tmp_path / "scaling"
+    res = subprocess.run([sys.executable, "bench/scaling.py", "--runs", str(reference), "--calibrate", str(reference),
+                          "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    md = (out / "scaling.md").read_text()
+    assert f"| {reference.name} (calibration) | 1 |" in md
+    for row in ("| 3 x 8 | on-policy |", "| 3 x 8 | off-policy |", "| 64 x 8 | off-policy |", "| 507 | 64 | 8 | 20 |"):
+        assert row in md, md
+    import yaml
+    cal = yaml.safe_load((out / "calibration.yaml").read_text())
+    assert cal["cluster"]["train_tokens_per_s"] > 0 and cal["workload"]["group_size"] == 4
+    assert (out / "scaling.png").stat().st_size > 10_000

@@ -11,7 +11,7 @@ from tbhpc.store.run_dir import RunDir
 from tbhpc.train.record import read_steps
 
 COLUMNS = ("step", "policy_version", "reward_mean", "mixed_share", "kept", "drawn", "dropped", "reruns", "tokens",
-           "loss", "grad_norm", "clip_fraction", "mismatch", "rollout_s", "update_s", "publish_s", "sync_s")
+           "loss", "grad_norm", "clip_fraction", "mismatch", "rollout_s", "update_s", "publish_s", "sync_s", "wait_s")
 
 
 def steps_markdown(steps: list[dict]) -> str:

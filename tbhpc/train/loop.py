@@ -204,7 +204,7 @@ class Trainer:
             self.log(f"train: resumed from the DeepSpeed checkpoint of step {start - 1}")
         if start > 1 and published(self.run_path, start - 1) is None:
             self._publish(start - 1)          # saved but never published (stopped in between)
-        ahead = _Ahead.started(self._rollouts, start) if self.cfg.max_staleness else None
+        ahead = _Ahead.started(self._rollouts, start) if self.cfg.max_staleness and start <= self.cfg.steps else None
         t_free = time.monotonic()
         try:
             for step in range(start, self.cfg.steps + 1):

@@ -43,7 +43,8 @@ class DrawQueue:
     def __init__(self, store, step: int, need: int, cap: int, ahead: int | None = None):
         self.store, self.need, self.cap, self.ahead = store, need, cap, ahead
         self.prefix = f"step{step}/"
-        self._lock = threading.Lock()      # one thread at a time talks to the store (TCPStore clients are not thread-safe)
+        self._lock = store_lock(store)     # one thread at a time talks to the store (TCPStore clients are not thread-safe),
+                                           # also across two steps' queues (one step off-policy runs them at once)
         self._known: list[str | None] = []
         self._cutoff: int | None = None
 
@@ -116,6 +117,16 @@ class DrawQueue:
     def surplus(self, index: int) -> bool:
         cut = self.cutoff()
         return cut is not None and index > cut
+
+
+_STORE_LOCKS: dict[int, threading.RLock] = {}
+_GUARD = threading.Lock()
+
+
+def store_lock(store) -> threading.RLock:
+    """The one lock of a store object (the trainer's store lives as long as its process)."""
+    with _GUARD:
+        return _STORE_LOCKS.setdefault(id(store), threading.RLock())
 
 
 def make_store(rank: int, world: int, host: str = "127.0.0.1", port: int = 0):
