@@ -75,9 +75,9 @@ def test_rollouts_of_the_next_step_overlap_the_update_and_stay_within_the_bound(
 
 
 def test_a_stopped_and_resumed_off_policy_run_writes_the_rows_of_an_uninterrupted_one(reference, warm_dir, pool, tmp_path):
-    """SIGTERM once step 1 is recorded (step 2's rollouts then run in the background thread, or
-    step 2 is updating): the run stops at the next safe point (exit 3), the same command resumes
-    from the DeepSpeed checkpoint and redraws what was not finished. Same rows as the reference."""
+    """SIGTERM once step 1 is recorded (step 2's rollouts then run in the background thread): the
+    run stops at the next safe point (exit 3), the same command resumes from the DeepSpeed
+    checkpoint and redraws what was not finished. Same rows as the reference."""
     run = tmp_path / "run"
     proc = subprocess.Popen(_cmd(run, warm_dir, pool), cwd=REPO, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -89,7 +89,10 @@ def test_a_stopped_and_resumed_off_policy_run_writes_the_rows_of_an_uninterrupte
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=600)[0]
     assert proc.returncode == 3, out[-4000:]
-    assert "stopped during the rollouts of step 2" in out or "stopped after step 2" in out, out[-3000:]
+    # where it stops depends on when the signal lands: still in step 1's publish, in step 2's update
+    # (step 3's rollouts beside it), or while waiting for step 2's rollouts
+    assert any(f"stopped {where}" in out for where in ("after step 1", "during the rollouts of step 2",
+                                                      "after step 2")), out[-3000:]
     assert len(_rows(run)) < len(_rows(reference))
     res = subprocess.run(_cmd(run, warm_dir, pool), cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]

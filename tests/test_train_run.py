@@ -100,6 +100,7 @@ def test_report_plots_the_curves_and_tensorboard_has_the_scalars(uninterrupted):
     md = (run / "report" / "report.md").read_text()
     assert "# Training report: train" in md and "| 2 | step-000001 |" in md and "train_curves.png" in md
     assert (run / "report" / "train_curves.png").stat().st_size > 10_000
+    assert "![train_timeline](train_timeline.png)" in md and (run / "report" / "train_timeline.png").stat().st_size > 5_000
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(str(run / "tensorboard"))
     acc.Reload()

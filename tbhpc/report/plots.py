@@ -117,3 +117,32 @@ def train_curves(steps: list[dict], path: Path) -> Path:
         a.set_xlabel("step")
         a.xaxis.set_major_locator(MaxNLocator(integer=True))
     return _save(fig, path)
+
+
+def train_timeline(steps: list[dict], path: Path) -> Path | None:
+    """When each step's rollouts, update and publish ran (wall clock, rank 0): on-policy the lanes
+    alternate, one step off-policy step N+1's rollouts sit under step N's update. None for runs
+    recorded before the timestamps existed."""
+    from datetime import datetime
+    rows = [r for r in steps if r.get("rollout_start") and r.get("update_end")]
+    if not rows:
+        return None
+
+    def t(v) -> float:
+        return datetime.fromisoformat(str(v)).timestamp()
+    t0 = min(t(r["rollout_start"]) for r in rows)
+    fig, ax = plt.subplots(figsize=(10, 2.8))
+    lanes = (("rollouts (server)", "rollout_start", "rollout_end", "#4a4", 2),
+             ("update (trainer)", "update_start", "update_end", "#36c", 1),
+             ("publish", "update_end", "published", "#d93", 0))
+    for label, a, b, color, y in lanes:
+        spans = [(t(r[a]) - t0, t(r[b]) - t(r[a])) for r in rows if r.get(a) and r.get(b)]
+        ax.broken_barh(spans, (y - 0.35, 0.7), color=color, edgecolor="white")
+        for r, (x, w) in zip(rows, spans):
+            if y and w > 0:
+                ax.text(x + w / 2, y, str(r["step"]), ha="center", va="center", fontsize=7, color="white")
+    ax.set_yticks([2, 1, 0], [lane[0] for lane in lanes])
+    ax.set_xlabel("seconds since the first rollouts began")
+    off = any(r.get("max_staleness") for r in rows)
+    ax.set_title(f"step timeline ({'one step off-policy' if off else 'on-policy'})")
+    return _save(fig, path)

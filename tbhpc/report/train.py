@@ -30,10 +30,12 @@ def build_train_report(run_path: Path, out: Path) -> tuple[Path, Path]:
         raise UserError(f"{run.path}: no training steps recorded yet (logs/train_steps.jsonl)")
     out.mkdir(parents=True, exist_ok=True)
     image = plots.train_curves(steps, out / "train_curves.png")
+    timeline = plots.train_timeline(steps, out / "train_timeline.png")
     name = run.campaign()["campaign"]
     md = "\n".join([f"# Training report: {name}", "", f"Run: `{run.path}`", "",
                     f"{len(steps)} steps; last weights `exports/` (HF format).", "", "## Steps", "",
-                    steps_markdown(steps), "", "## Curves", "", f"![{image.stem}]({image.name})"]) + "\n"
+                    steps_markdown(steps), "", "## Curves", "", f"![{image.stem}]({image.name})"]
+                   + (["", "## Timeline", "", f"![{timeline.stem}]({timeline.name})"] if timeline else [])) + "\n"
     md_path, html_path = out / "report.md", out / "report.html"
     md_path.write_text(md, encoding="utf-8")
     html_path.write_text(markdown_to_html(md, f"Training report: {name}"), encoding="utf-8")

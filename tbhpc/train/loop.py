@@ -24,7 +24,6 @@ import signal
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from tbhpc.train.grpo import group_advantages
 from tbhpc.train.packing import effective_budget, pack
 from tbhpc.train.queue import DROPPED, FLAT, MIXED, DrawQueue, make_store
 from tbhpc.train.record import open_train_run, record_step, step_line
-from tbhpc.train.rollouts import RolloutContext, run_rank_rollouts
+from tbhpc.train.rollouts import Ahead, RolloutContext, StepRollouts, run_rank_rollouts
 
 STOPPED = 3     # exit status of a run stopped by a signal outside Slurm (run the same command to resume)
 
@@ -58,48 +57,6 @@ def attempt_index(cfg: TrainConfig, step: int, draw: int, k: int) -> int:
 
 def _utc(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).replace(tzinfo=None).isoformat(sep=" ")
-
-
-@dataclass
-class StepRollouts:
-    """One step's rollouts on this rank, and when they ran."""
-    step: int
-    outcomes: list
-    queue: DrawQueue            # its cutoff is read once every rank's rollouts ended (after a collective)
-    sync_s: float               # waiting for the sampling weights
-    rollout_s: float
-    started: float              # wall clock (time.time()) of the wait for weights, and of the last outcome
-    ended: float
-    seconds: float
-
-
-class _Ahead:
-    """The next step's rollouts, running in a thread while this step updates."""
-
-    def __init__(self, fn, step: int):
-        self.value, self.error = None, None
-        self.thread = threading.Thread(target=self._run, args=(fn, step), name=f"rollouts-{step}", daemon=True)
-
-    @classmethod
-    def started(cls, fn, step: int) -> "_Ahead":
-        a = cls(fn, step)
-        a.thread.start()
-        return a
-
-    def _run(self, fn, step: int) -> None:
-        try:
-            self.value = fn(step)
-        except BaseException as exc:    # handed to the loop, which raises it in the main thread
-            self.error = exc
-
-    def join(self) -> None:
-        self.thread.join()
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.value
 
 
 class Trainer:
@@ -173,7 +130,7 @@ class Trainer:
         """Step `step`'s rollouts, sampled from the weights of step - 1 - max_staleness (or newer on a
         server). On-policy this runs in the loop; one step off-policy, in a thread during the
         previous step's update (no collectives here: only the draw queue's store is shared)."""
-        t_start, t0 = time.time(), time.monotonic()
+        t_start = time.time()
         sync_s = self._sampling_weights(max(0, step - 1 - self.cfg.max_staleness))
         t1 = time.monotonic()
         queue = DrawQueue(self.store, step, self.cfg.groups_per_step, self.cfg.draw_cap,
@@ -185,8 +142,7 @@ class Trainer:
             outcomes = run_rank_rollouts(self.ctx, queue, step, expected_version=step - 1, stop=self.stop)
         finally:
             done.set()
-        return StepRollouts(step, outcomes, queue, sync_s, time.monotonic() - t1, t_start, time.time(),
-                            time.monotonic() - t0)
+        return StepRollouts(step, outcomes, queue, sync_s, time.monotonic() - t1, t_start, time.time())
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> int:
@@ -204,7 +160,7 @@ class Trainer:
             self.log(f"train: resumed from the DeepSpeed checkpoint of step {start - 1}")
         if start > 1 and published(self.run_path, start - 1) is None:
             self._publish(start - 1)          # saved but never published (stopped in between)
-        ahead = _Ahead.started(self._rollouts, start) if self.cfg.max_staleness and start <= self.cfg.steps else None
+        ahead = Ahead.started(self._rollouts, start) if self.cfg.max_staleness and start <= self.cfg.steps else None
         t_free = time.monotonic()
         try:
             for step in range(start, self.cfg.steps + 1):
@@ -213,7 +169,7 @@ class Trainer:
                 wait_s = time.monotonic() - t_wait
                 if self._agree_to_stop():     # also the barrier after which every rank's outcomes are in
                     raise Preempted(f"stopped during the rollouts of step {step}; it is redrawn on resume")
-                ahead = _Ahead.started(self._rollouts, step + 1) if self.cfg.max_staleness and step < self.cfg.steps else None
+                ahead = Ahead.started(self._rollouts, step + 1) if self.cfg.max_staleness and step < self.cfg.steps else None
                 self._learn(step, ro, wait_s, t_free)
                 t_free = time.monotonic()
                 if self._agree_to_stop():

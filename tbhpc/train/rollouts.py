@@ -125,3 +125,45 @@ def _run_group(ctx: RolloutContext, episodes: ThreadPoolExecutor, queue: DrawQue
         return g
     g.status = MIXED if is_informative([r.episode.reward for r in rollouts]) else FLAT
     return g
+
+
+@dataclass
+class StepRollouts:
+    """One step's rollouts on this rank, and when they ran."""
+    step: int
+    outcomes: list
+    queue: DrawQueue            # its cutoff is read once every rank's rollouts ended (after a collective)
+    sync_s: float               # waiting for the sampling weights
+    rollout_s: float
+    started: float              # wall clock (time.time()) of the wait for weights, and of the last outcome
+    ended: float
+
+
+class Ahead:
+    """The next step's rollouts, running in a thread while this step updates (one step
+    off-policy); its result, or its exception, is handed to the loop's thread."""
+
+    def __init__(self, fn, step: int):
+        self.value, self.error = None, None
+        self.thread = threading.Thread(target=self._run, args=(fn, step), name=f"rollouts-{step}", daemon=True)
+
+    @classmethod
+    def started(cls, fn, step: int) -> "Ahead":
+        a = cls(fn, step)
+        a.thread.start()
+        return a
+
+    def _run(self, fn, step: int) -> None:
+        try:
+            self.value = fn(step)
+        except BaseException as exc:    # handed to the loop, which raises it in the main thread
+            self.error = exc
+
+    def join(self) -> None:
+        self.thread.join()
+
+    def result(self):
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
