@@ -139,7 +139,8 @@ def main() -> int:
         f"## {hw['name']}", _md(rheads, rtable), "## Eval campaign", _md(cheads, ctable)])
     (out / "scaling.md").write_text(md + "\n")
     _plots(rows, ref, out)
-    con.print(f"largest error on the local points the rates did not come from: {worst:.0%}; wrote {out}/scaling.md, calibration.yaml, scaling.png")
+    con.print(f"largest error on the local points the rates did not come from: {worst:.0%}; "
+              f"wrote {out}/scaling.md, calibration.yaml, scaling.png")
     return 0
 
 

@@ -1,5 +1,5 @@
 """The scaling model's inputs, measured: read a training run's own files (results.duckdb
-`train_steps` and `attempts`, serve/syncs.jsonl, the published weights) and return the Workload it
+`train_steps` and `attempts`, config.yaml, the exported weights) and return the Workload it
 ran and the rates its cluster achieved. A user re-measures on their cluster by running a few steps
 (`tbhpc submit train ... steps=6`) and pointing `bench/scaling.py --calibrate` at the run.
 
@@ -34,7 +34,6 @@ class Measured:
     stream_tokens_per_s: float        # one episode's generated tokens / its wall seconds (median)
     update_points: list[tuple[float, float]]    # (trained tokens per rank, update seconds) per step
     weights_gb: float
-    server_sync_s: float              # the server's own sync seconds (serve/syncs.jsonl), NaN without a server
     in_flight: int = 0                # episodes the trainer kept in flight (ranks x episodes_in_flight)
 
 
@@ -50,41 +49,44 @@ def measure_run(path: Path) -> Measured:
     run = RunDir(Path(path)).require()
     con = duckdb.connect(str(run.db), read_only=True)
     try:
-        steps = con.execute("SELECT step, world, coalesce(max_staleness, 0), rollout_s, update_s, publish_s, sync_s, step_s, "
-                            "coalesce(wait_s, rollout_s + sync_s), tokens, drawn, kept, flat, episodes FROM train_steps "
-                            "ORDER BY step").fetchall()
-        eps = con.execute("SELECT train_step, agent_out + coalesce(agent_reasoning, 0), agent_in, agent_turns, wall_s "
-                          "FROM attempts WHERE train_step IS NOT NULL AND status = 'ok'").fetchall()
+        cur = con.execute("SELECT step, world, coalesce(max_staleness, 0) AS max_staleness, rollout_s, update_s, "
+                          "publish_s, sync_s, step_s, coalesce(wait_s, rollout_s + sync_s) AS wait_s, tokens, drawn, "
+                          "kept, flat FROM train_steps ORDER BY step")
+        names = [d[0] for d in cur.description]
+        steps = [dict(zip(names, row)) for row in cur.fetchall()]
+        eps = con.execute("SELECT train_step, agent_out + coalesce(agent_reasoning, 0), agent_turns, wall_s FROM attempts "
+                          "WHERE train_step IS NOT NULL AND status = 'ok'").fetchall()
     finally:
         con.close()
     if len(steps) < 2:
         raise UserError(f"{path}: {len(steps)} training step(s) recorded; the scaling model needs 2 or more")
-    steady = steps[1:]
-    world = int(steps[0][1])
+    steady, cfg, world = steps[1:], _config(run), int(steps[0]["world"])
+    group_size = int(cfg.get("group_size", 8))
+
+    def med(key: str) -> float:
+        return _median([st[key] for st in steady])
+
     gen_by_step: dict[int, list[float]] = {}
-    for s, out, *_ in eps:
-        gen_by_step.setdefault(int(s), []).append(float(out or 0))
-    gen = [float(e[1] or 0) for e in eps]
-    episodes = sum(s[13] for s in steady)
+    for step, out, _, _ in eps:
+        gen_by_step.setdefault(int(step), []).append(float(out or 0))
+    kept = sum(st["kept"] for st in steady)
     workload = Workload(
-        groups=round(_median([s[11] for s in steady])), group_size=max(1, round(episodes / max(1, sum(s[10] for s in steady)))),
-        mixed_share=sum(s[11] for s in steady) / max(1, sum(s[11] + s[12] for s in steady)),
-        gen_tokens=statistics.fmean(gen) if gen else 0.0,
+        groups=round(med("kept")), group_size=group_size,
+        mixed_share=kept / max(1, sum(st["kept"] + st["flat"] for st in steady)),
+        gen_tokens=statistics.fmean(float(e[1] or 0) for e in eps) if eps else 0.0,
         tail_tokens=_median([max(v) for k, v in gen_by_step.items() if k > 1]),
-        context_tokens=sum(s[9] for s in steady) / max(1, sum(s[11] for s in steady)) / max(1, round(
-            episodes / max(1, sum(s[10] for s in steady)))),
-        turns=statistics.fmean([float(e[3] or 0) for e in eps]) if eps else 0.0)
-    decode = _median([sum(gen_by_step.get(s[0], [])) / s[3] for s in steady if s[3]])
-    stream = _median([float(e[1] or 0) / e[4] for e in eps if e[4]])
-    weights = sum(f.stat().st_size for f in (run.path / "exports").glob("*/*.safetensors")) / 1e9
-    n_exports = len(list((run.path / "exports").glob("*/")))
-    from tbhpc.serve.checkpoints import read_syncs
-    syncs = [s.get("sync_s") for s in read_syncs(run.path) if s.get("verified") and str(s.get("version", "")).startswith("step-")]
-    return Measured(str(path), world, int(steps[0][2]), len(steps), _median([s[3] for s in steady]),
-                    _median([s[4] for s in steady]), _median([s[5] for s in steady]), _median([s[6] for s in steady]),
-                    _median([s[7] for s in steady]), _median([s[8] for s in steady]), workload, decode, stream,
-                    [(s[9] / world, s[4]) for s in steady], weights / max(1, n_exports), _median(syncs),
-                    world * int(_config(run).get("episodes_in_flight", 0) or 0))
+        context_tokens=sum(st["tokens"] for st in steady) / max(1, kept * group_size),    # trained: kept groups only
+        turns=statistics.fmean(float(e[2] or 0) for e in eps) if eps else 0.0)
+    exports = [d for d in (run.path / "exports").glob("*/") if d.is_dir()]
+    weights = sum(f.stat().st_size for d in exports for f in d.glob("*.safetensors")) / 1e9 / max(1, len(exports))
+    return Measured(
+        str(path), world, int(steps[0]["max_staleness"]), len(steps), med("rollout_s"), med("update_s"), med("publish_s"),
+        med("sync_s"), med("step_s"), med("wait_s"), workload,
+        decode_tokens_per_s=_median([sum(gen_by_step.get(st["step"], [])) / st["rollout_s"] for st in steady
+                                     if st["rollout_s"]]),
+        stream_tokens_per_s=_median([float(e[1] or 0) / e[3] for e in eps if e[3]]),
+        update_points=[(st["tokens"] / world, st["update_s"]) for st in steady], weights_gb=weights,
+        in_flight=world * int(cfg.get("episodes_in_flight", 0) or 0))
 
 
 def _config(run) -> dict:

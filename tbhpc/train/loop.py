@@ -86,8 +86,8 @@ class Trainer:
         self.store = make_store(self.env.rank, self.env.world, self.env.master_addr, self.env.master_port + 1)
         self.envs = Environments(cfg.servers)
         self.ctx = RolloutContext(pool, {t.id: t for t in tasks}, self.envs.for_task, self._policy(), *_user_judge(cfg),
-                                  group_size=cfg.group_size, seed=cfg.seed, max_reruns=cfg.max_reruns, max_staleness=cfg.max_staleness,
-                                  episodes_in_flight=cfg.episodes_in_flight if cfg.generator != "local" else 1)
+                                  group_size=cfg.group_size, seed=cfg.seed, max_reruns=cfg.max_reruns,
+                                  max_staleness=cfg.max_staleness, episodes_in_flight=cfg.episodes_in_flight if cfg.generator != "local" else 1)
         self.tb = _tensorboard(self.run_path) if cfg.tensorboard and self.rank0 else None
 
     # ---- generation side -------------------------------------------------------------------
