@@ -21,6 +21,7 @@ from rich.table import Table
 from tbhpc.config import load_config
 from tbhpc.demo.config import DemoConfig
 from tbhpc.demo.pipeline import campaign, ensure_warm_start, eval_ids_file, run_training, train_config
+from tbhpc.store.run_dir import RunDir
 from tbhpc.train.record import read_steps
 
 
@@ -55,7 +56,7 @@ def main() -> int:
             run = out / f"train-s{seed}-k{k}"
             con.print(f"[bold]seed {seed}, max_staleness {k}[/] -> {run}")
             run_training(tcfg, run, con)
-            curves[(seed, k)] = read_steps(_Run(run))
+            curves[(seed, k)] = read_steps(RunDir(run))
     rows = []
     for (seed, k), steps in sorted(curves.items()):
         half = steps[len(steps) // 2:]
@@ -75,11 +76,6 @@ def main() -> int:
     _plot(curves, out / "offpolicy.png")
     con.print(f"wrote {out}/offpolicy.json and offpolicy.png")
     return 0
-
-
-class _Run:      # read_steps wants a RunDir-like object with .logs
-    def __init__(self, path: Path):
-        self.logs = path / "logs"
 
 
 def _mean(xs) -> float:
