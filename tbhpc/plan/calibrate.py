@@ -22,7 +22,6 @@ class Measured:
     run: str
     world: int
     max_staleness: int
-    steps: int
     rollout_s: float
     update_s: float
     publish_s: float
@@ -80,7 +79,7 @@ def measure_run(path: Path) -> Measured:
     exports = [d for d in (run.path / "exports").glob("*/") if d.is_dir()]
     weights = sum(f.stat().st_size for d in exports for f in d.glob("*.safetensors")) / 1e9 / max(1, len(exports))
     return Measured(
-        str(path), world, int(steps[0]["max_staleness"]), len(steps), med("rollout_s"), med("update_s"), med("publish_s"),
+        str(path), world, int(steps[0]["max_staleness"]), med("rollout_s"), med("update_s"), med("publish_s"),
         med("sync_s"), med("step_s"), med("wait_s"), workload,
         decode_tokens_per_s=_median([sum(gen_by_step.get(st["step"], [])) / st["rollout_s"] for st in steady
                                      if st["rollout_s"]]),

@@ -142,7 +142,7 @@ class Trainer:
             outcomes = run_rank_rollouts(self.ctx, queue, step, expected_version=step - 1, stop=self.stop)
         finally:
             done.set()
-        return StepRollouts(step, outcomes, queue, sync_s, time.monotonic() - t1, t_start, time.time())
+        return StepRollouts(outcomes, queue, sync_s, time.monotonic() - t1, t_start, time.time())
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> int:

@@ -130,7 +130,6 @@ def _run_group(ctx: RolloutContext, episodes: ThreadPoolExecutor, queue: DrawQue
 @dataclass
 class StepRollouts:
     """One step's rollouts on this rank, and when they ran."""
-    step: int
     outcomes: list
     queue: DrawQueue            # its cutoff is read once every rank's rollouts ended (after a collective)
     sync_s: float               # waiting for the sampling weights
