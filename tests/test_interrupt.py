@@ -32,11 +32,22 @@ def _session_members(sid: int) -> list[int]:
     return out
 
 
-def _eval(out: Path) -> subprocess.Popen:
+def _eval(out: Path, stderr=subprocess.PIPE) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "tbhpc.cli", "eval", "--out", str(out), "--workers", "2",
            "split=all", "limit=300", f"repeats={REPEATS}", "chunk_size=16"]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True,
                             start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def _wait_for_the_campaign(proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
+    """Until the command has said that its attempts are planned (its executor starts next): on a
+    loaded machine imports and planning take longer than any fixed delay, and ten interrupts that
+    all land before the campaign would test only the start."""
+    deadline = time.monotonic() + timeout
+    while "attempts planned" not in log.read_text(errors="replace"):
+        assert proc.poll() is None, f"the eval ended before its campaign started: {log.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"no campaign {timeout:.0f} s after the start"
+        time.sleep(0.05)
 
 
 def test_sigint_at_ten_random_points_exits_cleanly_and_resumes_exactly(tmp_path):
@@ -45,7 +56,12 @@ def test_sigint_at_ten_random_points_exits_cleanly_and_resumes_exactly(tmp_path)
     for attempt in range(10):
         delay = rng.uniform(0.3, 2.5)
         to_group = attempt % 2 == 1     # a terminal's Ctrl-C goes to the whole process group
-        proc = _eval(out)
+        from_start = attempt % 3 == 0   # 4 tries count from the start (imports, planning), 6 from the campaign's
+        err_path = tmp_path / f"stderr-{attempt}.txt"
+        with open(err_path, "w") as err_file:
+            proc = _eval(out, stderr=err_file)
+        if not from_start:
+            _wait_for_the_campaign(proc, err_path)
         time.sleep(delay)
         (os.killpg if to_group else os.kill)(proc.pid, signal.SIGINT)
         sent = time.monotonic()
@@ -56,11 +72,12 @@ def test_sigint_at_ten_random_points_exits_cleanly_and_resumes_exactly(tmp_path)
             except ProcessLookupError:
                 pass
         try:
-            stdout, stderr = proc.communicate(timeout=10)
+            proc.communicate(timeout=10)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             pytest.fail(f"try {attempt} (SIGINT after {delay:.2f} s): still running 10 s after the interrupt")
         took = time.monotonic() - sent
+        stderr = err_path.read_text(errors="replace")
         deadline = time.monotonic() + 3
         while (left := _session_members(proc.pid)) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -71,7 +88,8 @@ def test_sigint_at_ten_random_points_exits_cleanly_and_resumes_exactly(tmp_path)
         allowed = (130, -signal.SIGINT) if attempt == 9 else (130,)
         assert proc.returncode in allowed, f"try {attempt}: rc {proc.returncode}: {stderr[-2000:]}"
         assert "interrupted" in lines[-1] and lines[-1].startswith("tbhpc: "), lines[-3:]
-        print(f"try {attempt}: SIGINT to {'group' if to_group else 'process'} after {delay:.2f} s, "
+        print(f"try {attempt}: SIGINT to {'group' if to_group else 'process'} {delay:.2f} s after "
+              f"{'the start' if from_start else 'the campaign began'}, "
               f"exited {took:.2f} s later: {lines[-1][:120]}")
     proc = _eval(out)
     stdout, stderr = proc.communicate(timeout=600)
