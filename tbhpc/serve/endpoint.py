@@ -72,16 +72,23 @@ def remove_endpoint(run_dir: Path | str) -> None:
 
 
 def wait_for_version(run_dir: Path | str, version: str, timeout_s: float = 600.0, poll_s: float = 0.2,
-                     or_newer: bool = False) -> Endpoint:
+                     or_newer: bool = False, stop=None) -> Endpoint | None:
     """Block until the run's server announces `version` (a verified sync; with `or_newer`, a newer
     verified one will do) and return its endpoint.
     A server that refused it (`rejected:<version>`, the check failed) raises at once with the
-    check's figures; so does a timeout. What a trainer calls before sampling from new weights."""
+    check's figures; so does a timeout. What a trainer calls before sampling from new weights.
+    `stop` (a threading.Event the trainer's signal handler sets): once set, the wait ends with None
+    within `poll_s`, so a preempted trainer need not sit out a slow sync before it checkpoints."""
     from tbhpc.errors import EndpointError
     from tbhpc.serve.checkpoints import REJECTED, read_syncs, trusted_version, version_step
     deadline = time.monotonic() + timeout_s
     while True:
-        ep = read_endpoint(run_dir, wait_s=max(0.0, deadline - time.monotonic()))
+        if stop is not None and stop.is_set():
+            return None
+        if not endpoint_path(run_dir).exists() and time.monotonic() < deadline:
+            time.sleep(poll_s)      # the server job has not started yet
+            continue
+        ep = read_endpoint(run_dir)  # past the deadline with no file: says so
         if ep.version == version:
             return ep
         if or_newer and trusted_version(ep.version) and version_step(ep.version) > version_step(version):

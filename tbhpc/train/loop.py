@@ -100,11 +100,13 @@ class Trainer:
 
     def _sampling_weights(self, version: int) -> float:
         """Make the generator sample from step `version`'s weights (a server: that version or a newer
-        verified one); returns the seconds spent waiting."""
+        verified one); returns the seconds spent waiting. A signal ends a server's wait early: the
+        rollouts that follow then claim nothing and the loop stops at its next safe point."""
         t0, want = time.monotonic(), version_of(version)
         if self.cfg.generator == "server":
             from tbhpc.serve.endpoint import wait_for_version
-            wait_for_version(self.run_path, want, timeout_s=self.cfg.sync_timeout_s, or_newer=self.cfg.max_staleness > 0)
+            wait_for_version(self.run_path, want, timeout_s=self.cfg.sync_timeout_s, or_newer=self.cfg.max_staleness > 0,
+                             stop=self.stop)
         else:
             import torch
             from transformers import AutoModelForCausalLM
