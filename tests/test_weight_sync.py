@@ -86,22 +86,19 @@ def test_wait_for_version(tmp_path):
         wait_for_version(tmp_path, "step-000003", timeout_s=5)
 
 
-
 def test_a_stop_ends_the_wait_for_a_version_early(tmp_path):
     """A trainer preempted while the server syncs (or before the server job started) stops waiting
     within a poll instead of sitting out sync_timeout_s; the version arriving still ends it as before."""
-    for with_file in (True, False):
-        if with_file:
-            write_endpoint(tmp_path, Endpoint("127.0.0.1", 1, "policy", "step-000001"))
+    write_endpoint(tmp_path, Endpoint("127.0.0.1", 1, "policy", "step-000001"))
+    for run in (tmp_path, tmp_path / "no-server-yet"):
         stop = threading.Event()
         threading.Timer(0.3, stop.set).start()
         t0 = time.monotonic()
-        assert wait_for_version(tmp_path / ("" if with_file else "none"), "step-000002", timeout_s=60, poll_s=0.05,
-                                stop=stop) is None
+        assert wait_for_version(run, "step-000002", timeout_s=60, poll_s=0.05, stop=stop) is None
         assert 0.25 < time.monotonic() - t0 < 5
     assert wait_for_version(tmp_path, "step-000001", timeout_s=1, stop=threading.Event()).version == "step-000001"
     with pytest.raises(UserError, match="no endpoint file"):
-        wait_for_version(tmp_path / "none", "step-000001", timeout_s=0.2, poll_s=0.05)
+        wait_for_version(tmp_path / "no-server-yet", "step-000001", timeout_s=0.2, poll_s=0.05)
 
 # --- the supervisor's decisions, vLLM replaced by a fake process -------------------------------
 
