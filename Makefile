@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: browser env env-vllm model-smollm2 test demo bench clean tasks slurm-up slurm-down train warmstart warmstart-demo
+.PHONY: browser env env-vllm model-smollm2 test demo bench clean tasks slurm-up slurm-down train warmstart warmstart-demo warmstart-plateau
 
 NODES   ?= 3
 WARM    := build/models/tiny-warm
@@ -62,6 +62,13 @@ demo: env
 # `make warmstart-demo PACK=full`: the full-pack demo model (~70 min): SFT on oracle episodes of the
 # full pack's train split and 8 more generator seeds, first on 320-token windows after the system turn
 # (copying), then on whole episodes (phases: RECIPES in tbhpc/train/sft.py).
+# `make warmstart-plateau`: the demo's GRPO start, models/demo-pack-plateau (~25 min): the demo-pack warm start's SFT
+# continued on the same episodes until held-out pass@1 stops rising (tbhpc/train/sft.py RECIPES, warm_select.py).
+PLATEAU := build/models/demo-pack-plateau
+warmstart-plateau: $(PLATEAU)/config.json
+$(PLATEAU)/config.json: $(STAMP)
+	OMP_NUM_THREADS=2 $(VENV)/bin/tbhpc warmstart --recipe demo-pack-plateau --out $(PLATEAU)
+
 DEMO_WARM := build/models/demo$(if $(filter demo,$(PACK)),-pack)-warm
 warmstart-demo: $(DEMO_WARM)/config.json
 $(DEMO_WARM)/config.json: $(STAMP)

@@ -28,7 +28,7 @@ def add_parsers(sub) -> None:
     w.add_argument("--warmup", type=int_in(0), default=0, help="linear warm-up steps, then linear decay to 5%% (0: constant lr)")
     w.add_argument("--decay", type=int_in(1), help="steps the linear decay spans (default: --steps; more: a schedule cut short)")
     w.add_argument("--threads", type=int_in(1, 256), default=1)
-    w.add_argument("--recipe", choices=("demo", "demo-pack", "smollm2", "smollm2-demo-pack"), help="a named set of the options below (the demo models': "
+    w.add_argument("--recipe", choices=("demo", "demo-pack", "demo-pack-plateau", "smollm2", "smollm2-demo-pack"), help="a named set of the options below (the demo models': "
                    "tbhpc/train/sft.py RECIPES); it replaces them")
     w.add_argument("--window", type=int_in(0), default=0, help="train on windows of this many tokens after the system turn "
                                                          "(the copying curriculum; a recipe chains such phases)")
@@ -116,7 +116,7 @@ def run_warmstart(args) -> int:
     from tbhpc.campaign.config import CampaignConfig, select_tasks
     from tbhpc.policy.tiny import build_tiny_model
     from tbhpc.train.sft import RECIPES, Phase, sft
-    args.phases = None
+    args.phases, args.select_repeats, args.patience, args.min_delta = None, 4, 3, 0.0
     if args.recipe:
         for key, value in RECIPES[args.recipe].items():
             setattr(args, key, value)
@@ -148,7 +148,8 @@ def run_warmstart(args) -> int:
         if args.select:
             from tbhpc.train.warm_select import SelectGate, validation_pack
             gate = SelectGate(validation_pack(Path(tmp) / "validation"), every=args.select_every, lo=args.band[0],
-                              hi=args.band[1], log=lambda m: print(m, flush=True))
+                              hi=args.band[1], repeats=args.select_repeats, patience=args.patience,
+                              min_delta=args.min_delta, log=lambda m: print(m, flush=True))
         out = sft(base, str(args.out), tasks, phases, batch_tokens=args.batch_tokens, seed=args.seed,
                   threads=args.threads, log=lambda m: print(m, flush=True), ask=args.ask,
                   progress=sys.stderr.isatty(), packed=args.size == "tiny", extra_tasks=extra,

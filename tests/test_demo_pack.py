@@ -173,3 +173,41 @@ def test_the_gate_stops_a_first_phase_in_the_band_and_keeps_a_polish_phases_best
     doc = json.loads((tmp_path / "selection.json").read_text())
     assert doc["chosen"]["step"] == 3 and [r["phase_gate"] for r in doc["history"]][:3] == ["first", "first", "best"]
     assert "_state" not in doc["gate"] and doc["gate"]["patience"] == 3
+
+
+def test_a_plateau_phase_keeps_the_best_checkpoint_and_ends_once_pass_at_1_stops_rising(monkeypatch, tmp_path):
+    # The selection logic only, as above: scripted figures instead of campaigns.
+    import torch
+
+    from tbhpc.train import warm_select
+    from tbhpc.train.warm_select import SelectGate
+
+    class Model(torch.nn.Linear):
+        def save_pretrained(self, path):
+            pass
+
+    class Tok:
+        def save_pretrained(self, path):
+            pass
+
+    # every type at 1.0 would be out of any band: a plateau does not care (the pool's selection drops easy tasks)
+    figures = iter([0.60, 0.70, 0.80, 0.803, 0.79, 0.81, 0.70, 0.75, 0.78, 0.99])
+    monkeypatch.setattr(warm_select, "evaluate", lambda *a: {"pass_at_1": next(figures), "per_type": {"a/x": 1.0}})
+    gate = SelectGate(str(tmp_path), every=1, patience=3, min_delta=0.005, log=lambda m: None)
+    model, tok = Model(1, 1, bias=False), Tok()
+    decisions = []
+    for step in range(10):
+        with torch.no_grad():
+            model.weight.fill_(step)
+        decisions.append(gate(step, model, tok, "plateau"))
+        if decisions[-1]:
+            break
+    # 0.803 and 0.79 do not beat 0.80 by 0.005; 0.81 does (patience restarts); then three evaluations without
+    assert decisions == [False] * 8 + [True]
+    assert gate.chosen["step"] == 5 and gate.chosen["pass_at_1"] == 0.81
+    gate.restore(model)
+    assert model.weight.item() == 5.0
+    gate.write(tmp_path)
+    doc = json.loads((tmp_path / "selection.json").read_text())
+    assert [r["step"] for r in doc["history"]] == list(range(9)) and doc["gate"]["min_delta"] == 0.005
+    assert all("seconds" in r for r in doc["history"])

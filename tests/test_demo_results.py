@@ -107,3 +107,23 @@ def test_a_sample_of_each_split_spans_every_domain_and_stays_in_its_split(tmp_pa
     assert sample_file(cfg, "eval").read_text() == "eval-task\n"
     with pytest.raises(UserError, match="'sample'"):
         DemoConfig(sample=3, tasks="jobs/pools/smoke.yaml")
+
+
+def test_the_grpo_vs_sft_table_pairs_grpo_against_sft_on_each_split():
+    from tbhpc.demo.comparison import Side, as_summary, comparison_markdown, template_markdown, template_rates, verdict
+    start, sft, grpo = (_counts(n, c, n=20) for n, c in (("start", [10, 18, 20, 5]), ("sft", [12, 19, 20, 4]),
+                                                          ("grpo", [20, 20, 20, 6])))
+    side = Side("held-out", 20, *(summarise(x, bootstrap=200) for x in (start, sft, grpo)), compare(sft, grpo, bootstrap=200))
+    lines = comparison_markdown([side]).splitlines()
+    assert lines[0] == "| split | metric | SFT plateau (start) | continued SFT | GRPO | GRPO - SFT, pts [paired 95%] |"
+    assert lines[2].startswith("| held-out | pass@1 | 66.2% [") and "| 68.8% [" in lines[2] and "| 82.5% [" in lines[2]
+    assert "| +13.8 [" in lines[2]                                    # (66 - 55) / 80 attempts
+    assert lines[3].startswith("| held-out | pass^20 (all 20 of 20) |") and "(1/4)" in lines[3] and "(3/4)" in lines[3]
+    assert "| +50.0 [" in lines[3] and lines[4].startswith("| held-out | pass@20 |")
+    assert "held-out: GRPO's pass^20 is" in verdict([side])
+    kept = as_summary([side])["held-out"]
+    assert kept["k/k"]["sft"] == 0.25 and kept["k/k"]["grpo"] == 0.75 and kept["pass@1"]["grpo_minus_sft"]["delta"] > 0
+    template_of = {"t0": "a/x", "t1": "a/x", "t2": "b/y", "t3": "b/y"}
+    md = template_markdown(*(template_rates(x, template_of) for x in (start, sft, grpo)), 20).splitlines()
+    assert md[2] == "| a/x | 2 | 0.70 | 0.78 | 1.00 | +0.22 | 0 / 0 / 2 |"
+    assert md[3] == "| b/y | 2 | 0.62 | 0.60 | 0.65 | +0.05 | 1 / 1 / 1 |"

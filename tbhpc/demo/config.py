@@ -22,7 +22,7 @@ MODELS = ("tiny", "smollm2")
 class DemoConfig:
     out: str = "runs/demo"
     model: str = "tiny"                 # tiny: the demo model built here | smollm2: SmolLM2-135M-Instruct
-    warm_start: str = ""                # default: models/demo-warm (tiny, committed) or build/models/smollm2-warm
+    warm_start: str = ""                # default: models/demo-pack-plateau (tiny, demo pack; committed), models/demo-warm (full) or build/models/smollm2-warm
     quick: bool = False                 # pipeline check with a noisy oracle (no model, no training)
     pack: str | None = "demo"           # demo: the demo pack (sized for the demo model) | full (or null): the full pack | a path
     seed: int = 0
@@ -68,5 +68,5 @@ class DemoConfig:
         if self.warm_start:
             return self.warm_start
         if self.model == "tiny":
-            return "models/demo-pack-warm" if self.pack == "demo" else "models/demo-warm"
+            return "models/demo-pack-plateau" if self.pack == "demo" else "models/demo-warm"
         return "build/models/smollm2-warm" + ("-demo-pack" if self.pack == "demo" else "")

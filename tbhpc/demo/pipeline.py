@@ -99,7 +99,7 @@ def ensure_warm_start(cfg: DemoConfig, console: Console) -> str:
                         f"(for {cfg.pack}: tbhpc warmstart --size demo-pack --pack {cfg.pack} --split train --select ..., "
                         "then warm_start=DIR)")
     console.print(f"   warm start: building {warm} (SFT on oracle episodes of the train split; cached afterwards)")
-    recipe = {"tiny": "demo-pack" if cfg.pack == "demo" else "demo"}.get(cfg.model, cfg.model)
+    recipe = {"tiny": "demo-pack-plateau" if cfg.pack == "demo" else "demo"}.get(cfg.model, cfg.model)
     recipe += "-demo-pack" if cfg.model != "tiny" and cfg.pack == "demo" else ""
     cmd = [sys.executable, "-m", "tbhpc.cli", "warmstart", "--recipe", recipe, "--out", str(warm), "--seed", str(cfg.seed)]
     _stream(cmd, console)
@@ -194,7 +194,7 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
         fresh = fresh_pack(cfg, out)
         console.print(f"[bold]5b. fresh instances[/]: the same templates drawn with seed {cfg.fresh_seed} after training "
                       f"({fresh}), eval split x {cfg.fresh_repeats}")
-        for name, path in policies[:2]:
+        for name, path in policies:
             fcfg = campaign(cfg, name.replace("eval-", "fresh-"), "eval", "eval", cfg.fresh_repeats, path)
             fcfg.pack, fcfg.tasks = str(fresh), None
             run_campaign(fcfg, out / name.replace("eval-", "fresh-"), console=console)

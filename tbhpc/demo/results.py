@@ -13,6 +13,8 @@ from pathlib import Path
 from rich.console import Console
 
 from tbhpc.demo.behaviour import attempt_outcomes, global_collapse, task_kinds, type_markdown, type_table
+from tbhpc.demo.comparison import Side, as_summary, comparison_markdown, template_markdown, template_rates
+from tbhpc.demo.comparison import verdict as sft_verdict
 from tbhpc.metrics import render
 from tbhpc.metrics.agg import compare, load_counts, load_prices, summarise
 from tbhpc.report import plots
@@ -81,6 +83,18 @@ def domain_markdown(warm: dict, trained: dict) -> str:
     return "\n".join(lines)
 
 
+def sft_sides(out: Path, cfg, prices: dict | None) -> list[Side]:
+    """Held-out and (when run) fresh instances: start, continued SFT and GRPO, and GRPO - SFT paired."""
+    sides = []
+    for prefix, label, k in (("eval", "held-out", cfg.eval_repeats), ("fresh", "fresh", cfg.fresh_repeats)):
+        runs = [out / f"{prefix}-{n}" for n in ("warm", "sft", "trained")]
+        if all((r / "results.duckdb").exists() for r in runs):
+            counts = [load_counts(RunDir(r)) for r in runs]
+            start, sft, grpo = (summarise(c, prices) for c in counts)
+            sides.append(Side(label, k, start, sft, grpo, compare(counts[1], counts[2])))
+    return sides
+
+
 def write_results(out: Path, cfg, console: Console) -> dict:
     from tbhpc.campaign.worker import run_tasks
     from tbhpc.config import load_config
@@ -113,15 +127,16 @@ def write_results(out: Path, cfg, console: Console) -> dict:
                "the trained checkpoint is WORSE than the warm start")
     baseline, summary_extra = [], {}
     if cfg.sft_baseline and (out / "eval-sft" / "results.duckdb").exists():
-        sc = load_counts(RunDir(out / "eval-sft"))
-        ss, scmp = summarise(sc, prices), compare(wc, sc)
-        vs = compare(sc, tc)["metrics"]["pass@1"]
-        baseline = ["## Baseline: continued SFT for GRPO's wall time", "",
-                    f"The warm start fine-tuned further on oracle episodes of the pool's tasks, at GRPO's lr, for "
-                    f"as long as the GRPO run took (`{sc.policy_id}`). GRPO minus this baseline, pass@1: "
-                    f"{100 * vs['delta']:+.1f} pts [{100 * vs['lo']:+.1f}, {100 * vs['hi']:+.1f}].", "",
-                    table1_markdown(ws, ss, scmp, k, label="continued SFT"), ""]
-        summary_extra = {"sft_baseline": {"summary": ss, "compare_warm": scmp, "grpo_minus_sft_pass@1": vs}}
+        sides = sft_sides(out, cfg, prices)
+        template_of = {tid: f"{dom}/{template}" for tid, (template, dom, _, _) in kinds.items()}
+        per_type = template_markdown(*(template_rates(load_counts(RunDir(out / f"eval-{n}")), template_of)
+                                       for n in ("warm", "sft", "trained")), k)
+        baseline = ["## GRPO vs continued SFT, both from the warm start, for the same wall time", "",
+                    "Continued SFT: the warm start fine-tuned further on oracle episodes of the pool's tasks, at "
+                    f"GRPO's lr, for as long as the GRPO run took (`{sides[0].sft['policy_id']}`). Paired over tasks, "
+                    "GRPO - SFT.", "", comparison_markdown(sides), "", sft_verdict(sides) + ".", "",
+                    f"Per task type (held-out, {k} repeats):", "", per_type, ""]
+        summary_extra = {"grpo_vs_sft": as_summary(sides), "sft_baseline": {"summary": sides[0].sft}}
     fresh = []
     if (out / "fresh-trained" / "results.duckdb").exists():
         fw, ft = load_counts(RunDir(out / "fresh-warm")), load_counts(RunDir(out / "fresh-trained"))
@@ -146,8 +161,11 @@ def write_results(out: Path, cfg, console: Console) -> dict:
         console.print(fresh[0][3:])
         console.print(fresh[4])
     if baseline:
-        console.print(baseline[2])
+        console.print(baseline[0][3:])
         console.print(baseline[4])
+        console.print(baseline[6])
+        console.print(baseline[10])
     console.print(f"   {verdict}; task types flagged by the collapse check: {len(flagged)}" + (f" ({collapse})" if collapse else ""))
+    console.print("   plots: " + ", ".join(str(p) for p in images))
     return {"table1": {"warm": ws, "trained": ts, "compare": cmp}, "types_flagged": [r.template for r in flagged],
             "collapse": collapse, "verdict": verdict, "pool": str(out / "pool.yaml"), **summary_extra}

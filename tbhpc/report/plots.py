@@ -85,9 +85,11 @@ def _save(fig, path: Path) -> Path:
 
 def train_curves(steps: list[dict], path: Path) -> Path:
     """Per-step training scalars: reward and mixed share, loss and grad norm, clip and logprob
-    mismatch, and where the step's time went."""
+    mismatch, where the step's time went, and (runs recorded with them) response length and
+    entropy, the collapse guard's trips marked."""
     x = [r["step"] for r in steps]
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6.5))
+    health = any(r.get("gen_tokens") is not None for r in steps)
+    fig, axes = plt.subplots(3 if health else 2, 2, figsize=(10, 9.5 if health else 6.5))
     ax = axes[0][0]
     ax.plot(x, [r["reward_mean"] for r in steps], marker="o", label="reward (all drawn episodes)")
     ax.plot(x, [r["mixed_share"] for r in steps], marker=".", ls="--", label="mixed-group share")
@@ -112,11 +114,36 @@ def train_curves(steps: list[dict], path: Path) -> Path:
         bottom += vals
     ax.set_title("step time (s)")
     ax.legend(fontsize=8)
+    if health:
+        _health_axes(axes[2], steps)
     from matplotlib.ticker import MaxNLocator
     for a in axes.flat:
         a.set_xlabel("step")
         a.xaxis.set_major_locator(MaxNLocator(integer=True))
     return _save(fig, path)
+
+
+def _health_axes(axes, steps: list[dict]) -> None:
+    """Response length (mean generated tokens per episode, share cut off by the budget) and entropy
+    (mean surprisal of the sampled tokens); a vertical line where the collapse guard tripped."""
+    rows = [r for r in steps if r.get("gen_tokens") is not None]
+    x = [r["step"] for r in rows]
+    ax = axes[0]
+    ax.plot(x, [r["gen_tokens"] for r in rows], color="#36c", label="generated tokens per episode")
+    ax.set_title("response length (left), share cut off by the budget (right)")
+    ax2 = ax.twinx()
+    ax2.plot(x, [r.get("overlong") or 0.0 for r in rows], color="#c44", ls="--", label="overlong share")
+    ax2.set_ylim(0, 1)
+    ax = axes[1]
+    ax.plot(x, [r["entropy"] for r in rows], color="#4a4", label="entropy (nats per generated token)")
+    ax.set_title("entropy")
+    for a in axes:
+        for r in rows:
+            if r.get("guard"):
+                a.axvline(r["step"], color="#d93", lw=1, label=f"guard: {r['guard']}")
+        handles, labels = a.get_legend_handles_labels()
+        seen = dict(zip(labels, handles))
+        a.legend(seen.values(), seen.keys(), fontsize=8)
 
 
 def train_timeline(steps: list[dict], path: Path) -> Path | None:

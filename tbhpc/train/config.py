@@ -70,6 +70,17 @@ class TrainConfig:
     clip_high: float = 0.2
     dual_clip: float = 3.0                # cap on the loss of negative-advantage tokens (0: off)
     tis_cap: float = 0.0                  # truncated IS (decoupled loss, grpo.py): weight min(pi/mu, cap); 0: off
+    # stability (train/stability.py), all off by default
+    overlong_filter: bool = False         # episodes cut off by response_budget: in the group baseline, never trained on
+    overlong_buffer: int = 0              # soft overlong penalty over the budget's last N generated tokens (0: off)
+    overlong_penalty: float = 1.0         # the penalty at the budget (subtracted from the reward the advantage sees)
+    min_group_std: float = 0.0            # groups whose reward std is below this are replaced like flat ones
+    guard_length: float = 0.0             # collapse guard: mean generated tokens > this x the reference (0: off)
+    guard_entropy: float = 0.0            # collapse guard: entropy outside reference /÷ this (0: off)
+    guard_window: int = 5                 # the reference: median of the first N steps
+    guard_action: str = "rollback"        # rollback (the last good step's state, lr x guard_lr_factor) | stop
+    guard_lr_factor: float = 0.5
+    guard_max_rollbacks: int = 3          # then the next trip stops the run
     # the optimiser and engine
     lr: float = 1e-6
     weight_decay: float = 0.0
@@ -122,6 +133,7 @@ class TrainConfig:
             raise UserError("train config: fields 'clip_low' (in [0,1)) and 'clip_high' (>= 0) are out of range")
         if self.dual_clip and self.dual_clip <= 1:
             raise UserError(f"train config: field 'dual_clip' must be > 1 or 0 (off), got {self.dual_clip!r}")
+        self._check_stability()
         if len(self.betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in self.betas):
             raise UserError(f"train config: field 'betas' must be two numbers in [0, 1), got {self.betas!r}")
         for name, ok, want in (("lr", lambda v: v > 0, "> 0"), ("temperature", lambda v: v > 0, "> 0"),
@@ -141,6 +153,31 @@ class TrainConfig:
         if 0 < self.max_draws < self.groups_per_step:
             raise UserError(f"train config: field 'max_draws' ({self.max_draws}) must be >= groups_per_step "
                             f"({self.groups_per_step}), or 0 (4 x groups_per_step)")
+
+    def _check_stability(self) -> None:
+        for name in ("overlong_penalty", "min_group_std", "guard_length", "guard_entropy", "guard_lr_factor"):
+            v = getattr(self, name)
+            if not (_finite(v) and v >= 0):
+                raise UserError(f"train config: field {name!r} must be a finite number >= 0, got {v!r}")
+        if not 0 <= self.overlong_buffer <= self.response_budget:
+            raise UserError(f"train config: field 'overlong_buffer' must be within [0, response_budget "
+                            f"{self.response_budget}], got {self.overlong_buffer!r}")
+        for name in ("guard_length", "guard_entropy"):
+            if 0 < getattr(self, name) <= 1:
+                raise UserError(f"train config: field {name!r} must be > 1 (a factor on the reference) or 0 (off), "
+                                f"got {getattr(self, name)!r}")
+        if self.guard_action not in ("rollback", "stop"):
+            raise UserError(f"train config: field 'guard_action' must be rollback or stop, got {self.guard_action!r}")
+        if not 0 < self.guard_lr_factor <= 1:
+            raise UserError(f"train config: field 'guard_lr_factor' must be within (0, 1], got {self.guard_lr_factor!r}")
+        if self.guard_window < 2 or self.guard_max_rollbacks < 0:
+            raise UserError("train config: fields 'guard_window' (>= 2) and 'guard_max_rollbacks' (>= 0) are out of range")
+        if self.guard_length or self.guard_entropy:
+            if self.max_staleness:
+                raise UserError("train config: the collapse guard (guard_length/guard_entropy) needs max_staleness 0")
+            if self.checkpoint_every != 1 or self.keep_checkpoints < 2:
+                raise UserError("train config: the collapse guard needs checkpoint_every 1 and keep_checkpoints >= 2 "
+                                "(it restores the step before the one whose rollouts tripped it)")
 
     @property
     def draw_cap(self) -> int:

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from tbhpc.errors import TbhpcError
 from tbhpc.train.config import TrainConfig
 from tbhpc.train.grpo import policy_loss
 from tbhpc.train.packing import Packed, token_logprobs
@@ -241,12 +242,21 @@ class Engine:
     def save(self, ckpt_dir: str, tag: str, client_state: dict) -> None:
         self.engine.save_checkpoint(ckpt_dir, tag=tag, client_state=client_state)
 
-    def load(self, ckpt_dir: str) -> dict | None:
-        """Resume from the newest DeepSpeed checkpoint in `ckpt_dir` (None when there is none)."""
-        if not os.path.exists(os.path.join(ckpt_dir, "latest")):
+    def load(self, ckpt_dir: str, tag: str | None = None) -> dict | None:
+        """Resume from the newest DeepSpeed checkpoint in `ckpt_dir` (None when there is none), or
+        from the one named `tag` (the collapse guard's rollback)."""
+        if tag is None and not os.path.exists(os.path.join(ckpt_dir, "latest")):
             return None
-        _, client = self.engine.load_checkpoint(ckpt_dir, load_optimizer_states=True, load_lr_scheduler_states=True)
+        _, client = self.engine.load_checkpoint(ckpt_dir, tag=tag, load_optimizer_states=True,
+                                                load_lr_scheduler_states=True)
+        if client is None:
+            raise TbhpcError(f"{ckpt_dir}: no DeepSpeed checkpoint {tag or 'latest'} could be loaded")
         return client
+
+    def set_lr(self, lr: float) -> None:
+        """The optimiser's learning rate from now on (a loaded checkpoint brings back its own)."""
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
 
 
 def _to(p: Packed, device) -> Packed:

@@ -40,10 +40,11 @@ def group_advantages(rewards, groups, normalize_std: bool = False, eps: float = 
     return out.astype(np.float32)
 
 
-def is_informative(rewards) -> bool:
-    """A group whose rewards are not all equal: the only kind that carries a GRPO signal."""
+def is_informative(rewards, min_std: float = 0.0) -> bool:
+    """A group whose rewards are not all equal: the only kind that carries a GRPO signal. With
+    `min_std` > 0 (a variance floor), also one whose rewards' std reaches it."""
     r = np.asarray(rewards, dtype=np.float64)
-    return r.size > 1 and bool(np.ptp(r) > 0)
+    return r.size > 1 and bool(np.ptp(r) > 0) and float(r.std()) >= min_std
 
 
 @dataclass

@@ -37,6 +37,7 @@ from tbhpc.train.packing import effective_budget, pack
 from tbhpc.train.queue import DROPPED, FLAT, MIXED, DrawQueue, make_store
 from tbhpc.train.record import open_train_run, record_step, step_line
 from tbhpc.train.rollouts import Ahead, RolloutContext, StepRollouts, run_rank_rollouts
+from tbhpc.train.stability import CollapseGuard, RolloutHealth, is_overlong
 
 STOPPED = 3     # exit status of a run stopped by a signal outside Slurm (run the same command to resume)
 
@@ -87,7 +88,11 @@ class Trainer:
         self.envs = Environments(cfg.servers)
         self.ctx = RolloutContext(pool, {t.id: t for t in tasks}, self.envs.for_task, self._policy(), *_user_judge(cfg),
                                   group_size=cfg.group_size, seed=cfg.seed, max_reruns=cfg.max_reruns,
-                                  max_staleness=cfg.max_staleness, episodes_in_flight=cfg.episodes_in_flight if cfg.generator != "local" else 1)
+                                  max_staleness=cfg.max_staleness, episodes_in_flight=cfg.episodes_in_flight if cfg.generator != "local" else 1,
+                                  overlong=(cfg.response_budget, cfg.overlong_buffer, cfg.overlong_penalty),
+                                  min_group_std=cfg.min_group_std)
+        self.guard = CollapseGuard(cfg.guard_length, cfg.guard_entropy, cfg.guard_window)
+        self.lr_scale, self.stopped = 1.0, ""
         self.tb = _tensorboard(self.run_path) if cfg.tensorboard and self.rank0 else None
 
     # ---- generation side -------------------------------------------------------------------
@@ -158,8 +163,14 @@ class Trainer:
         self._install_signals()
         client = self.eng.load(str(self.run_path / "ds_checkpoints"))
         start = int(client["step"]) + 1 if client else 1
-        if client and self.rank0:
-            self.log(f"train: resumed from the DeepSpeed checkpoint of step {start - 1}")
+        if client:
+            self._restore_stability(client)
+            if self.rank0:
+                self.log(f"train: resumed from the DeepSpeed checkpoint of step {start - 1}")
+        if self.stopped:
+            if self.rank0:
+                self.log(f"train: this run was stopped by the collapse guard at step {start - 1} ({self.stopped})")
+            return start - 1
         if start > 1 and published(self.run_path, start - 1) is None:
             self._publish(start - 1)          # saved but never published (stopped in between)
         ahead = Ahead.started(self._rollouts, start) if self.cfg.max_staleness and start <= self.cfg.steps else None
@@ -174,6 +185,8 @@ class Trainer:
                 ahead = Ahead.started(self._rollouts, step + 1) if self.cfg.max_staleness and step < self.cfg.steps else None
                 self._learn(step, ro, wait_s, t_free)
                 t_free = time.monotonic()
+                if self.stopped:
+                    return step
                 if self._agree_to_stop():
                     nxt = f"; the rollouts of step {step + 1} are redrawn on resume" if ahead else ""
                     raise Preempted(f"stopped after step {step} (checkpointed){nxt}")
@@ -197,12 +210,20 @@ class Trainer:
             raise TbhpcError(f"step {step}: the rollouts ended undecided (cap {cfg.draw_cap})")
         mine = [g for g in ro.outcomes if g.index <= cutoff and g.status in (MIXED, FLAT)]
         kept = [g for g in mine if g.status == MIXED]
-        episodes, adv = self._advantages(kept)
+        episodes, adv, filtered = self._advantages(kept)
         self._record_attempts(step, mine)
+        health = RolloutHealth.from_list(self.eng.all_reduce(RolloutHealth.of(r for g in mine for r in g.rollouts).as_list()))
+        verdict = self.guard.check(health) if self.guard.active else ""
+        if self.guard.active and not verdict:
+            self.guard.good = step - 1         # the weights that sampled these rollouts pass
         t_update, t0 = time.time(), time.monotonic()
-        budget = effective_budget(cfg.microbatch_tokens, [len(e.tokens) for e in episodes],
-                                  getattr(self.eng.module.config, "_attn_implementation", None))
-        stats = self.eng.update(pack(episodes, adv, budget, seq_weights=cfg.loss_agg == "seq-mean-token-mean"))
+        action = ""
+        if verdict:
+            stats, action = self._guard_trips(step, verdict)
+        else:
+            budget = effective_budget(cfg.microbatch_tokens, [len(e.tokens) for e in episodes],
+                                      getattr(self.eng.module.config, "_attn_implementation", None))
+            stats = self.eng.update(pack(episodes, adv, budget, seq_weights=cfg.loss_agg == "seq-mean-token-mean"))
         update_s, t_updated = time.monotonic() - t0, time.time()
         t0 = time.monotonic()
         if step % cfg.checkpoint_every == 0 or step == cfg.steps:
@@ -214,6 +235,9 @@ class Trainer:
         stamps = dict(rollout_start=ro.started, rollout_end=ro.ended, update_start=t_update, update_end=t_updated,
                       published=time.time())
         row = self._step_row(step, ro.outcomes, cutoff, stats, timings, stamps)
+        row.update(gen_tokens=health.length, entropy=health.entropy, overlong=health.overlong / max(health.episodes, 1),
+                   filtered=int(self.eng.all_reduce([filtered])[0]), guard=action,
+                   lr=cfg.lr * self.lr_scale)
         if self.rank0:
             record_step(self.run, row)
             from tbhpc.store.merge import merge
@@ -233,15 +257,52 @@ class Trainer:
                      f"{time.monotonic() - t0:.0f} s")
 
     def _advantages(self, kept):
-        episodes, adv = [], []
+        """The kept groups' samples and advantages (from the shaped rewards); with overlong_filter an
+        episode cut off by the response budget stays in its group's baseline but is not trained on.
+        Returns (samples, advantages, episodes filtered out)."""
+        episodes, adv, filtered = [], [], 0
         for g in kept:
-            a = group_advantages([r.episode.reward for r in g.rollouts], [g.index] * len(g.rollouts), self.cfg.normalize_std)
+            a = group_advantages(g.rewards, [g.index] * len(g.rollouts), self.cfg.normalize_std)
             for r, x in zip(g.rollouts, a):
+                if self.cfg.overlong_filter and is_overlong(r.episode):
+                    filtered += 1
+                    continue
                 for sample in r.samples:          # several when the chat template rewrote earlier turns
                     sample.advantage = float(x)
                     episodes.append(sample)
                     adv.append(float(x))
-        return episodes, adv
+        return episodes, adv, filtered
+
+    # ---- the collapse guard ------------------------------------------------------------------
+    def _guard_trips(self, step: int, verdict: str):
+        """Step `step`'s rollouts left the guard's band, so the weights that sampled them are judged
+        bad: restore the DeepSpeed state (weights and optimiser) of the newest step whose weights
+        sampled rollouts that passed (`guard.good`, kept by the checkpoint pruning); rollback scales
+        the lr and goes on, stop ends the run there. No update this step; the restored weights are
+        checkpointed and published as step `step` (a server only moves forward)."""
+        from tbhpc.train.engine import UpdateStats
+        stop = self.cfg.guard_action == "stop" or self.guard.rollbacks >= self.cfg.guard_max_rollbacks
+        good = self.guard.good
+        self.eng.load(str(self.run_path / "ds_checkpoints"), tag=version_name(good))
+        self.guard.good = step                 # the same weights, saved again as this step below
+        if stop:
+            self.stopped = f"step {step}: {verdict}; the weights of step {good} are kept"
+        else:
+            self.guard.rollbacks += 1
+            self.lr_scale *= self.cfg.guard_lr_factor
+        self.eng.set_lr(self.cfg.lr * self.lr_scale)
+        if self.rank0:
+            self.log(f"train: collapse guard at step {step}: {verdict}; " + (
+                "stopping with the weights of step " if stop else
+                f"rollback {self.guard.rollbacks}/{self.cfg.guard_max_rollbacks} to the weights of step ") +
+                f"{good}" + ("" if stop else f", lr now {self.cfg.lr * self.lr_scale:.3g}"))
+        return UpdateStats(), "stop" if stop else "rollback"
+
+    def _restore_stability(self, client: dict) -> None:
+        self.guard.restore(client.get("guard"))
+        self.lr_scale, self.stopped = float(client.get("lr_scale", 1.0)), str(client.get("stopped", ""))
+        if self.lr_scale != 1.0:
+            self.eng.set_lr(self.cfg.lr * self.lr_scale)
 
     def _record_attempts(self, step: int, groups) -> None:
         from tbhpc.campaign.worker import attempt_row
@@ -264,11 +325,13 @@ class Trainer:
 
     def _checkpoint(self, step: int) -> None:
         d = self.run_path / "ds_checkpoints"
-        self.eng.save(str(d), version_name(step), {"step": step, "seed": self.cfg.seed})
+        self.eng.save(str(d), version_name(step), {"step": step, "seed": self.cfg.seed, "guard": self.guard.state(),
+                                                   "lr_scale": self.lr_scale, "stopped": self.stopped})
         if self.rank0:
             tags = sorted(p for p in d.glob("step-*") if p.is_dir())
             for old in tags[:-self.cfg.keep_checkpoints]:
-                shutil.rmtree(old, ignore_errors=True)
+                if not (self.guard.active and old.name == version_name(self.guard.good)):   # the guard's way back
+                    shutil.rmtree(old, ignore_errors=True)
 
     def _publish(self, step: int) -> None:
         """Gathered weights -> checkpoints/step-N + its digests and fingerprint (collective: every
@@ -282,7 +345,7 @@ class Trainer:
             path = write_checkpoint(self.run_path, step, self.eng.module, self.eng.tokenizer, state_dict=sd)
             mark_ready(self.run_path, step, path, fp, digests)
             self._prune_published(step)
-            if (self.cfg.export_every and step % self.cfg.export_every == 0) or step == self.cfg.steps:
+            if (self.cfg.export_every and step % self.cfg.export_every == 0) or step == self.cfg.steps or self.stopped:
                 dest = self.run_path / "exports" / version_name(step)
                 shutil.rmtree(dest, ignore_errors=True)
                 shutil.copytree(path, dest)

@@ -50,6 +50,11 @@ STEP_COLUMNS: dict[str, str] = {
     "max_staleness": "INTEGER", "truncated": "DOUBLE", "wait_s": "DOUBLE",
     "rollout_start": "TIMESTAMP", "rollout_end": "TIMESTAMP", "update_start": "TIMESTAMP", "update_end": "TIMESTAMP",
     "published": "TIMESTAMP",
+    # stability (train/stability.py): mean generated tokens per episode, entropy (mean surprisal of the sampled
+    # tokens), share of episodes cut off by the budget, episodes the overlong filter kept out of the loss,
+    # the collapse guard's action ('' | rollback | stop) and the learning rate the step used
+    "gen_tokens": "DOUBLE", "entropy": "DOUBLE", "overlong": "DOUBLE", "filtered": "INTEGER", "guard": "VARCHAR",
+    "lr": "DOUBLE",
 }
 
 
@@ -129,4 +134,6 @@ def step_line(row: dict) -> str:
             f"re-runs {row['reruns']}) tokens {row['tokens']} loss {row['loss']:+.4f} |g| {row['grad_norm']:.3g} "
             f"clip {row['clip_fraction']:.3f} Δlp {row['mismatch']:.2e} | rollout {row['rollout_s']:.1f}s "
             f"update {row['update_s']:.1f}s publish {row['publish_s']:.1f}s sync {row['sync_s']:.1f}s"
-            + (f" wait {row['wait_s']:.1f}s (staleness {row['staleness']})" if row.get("max_staleness") else ""))
+            + (f" wait {row['wait_s']:.1f}s (staleness {row['staleness']})" if row.get("max_staleness") else "")
+            + (f" | len {row['gen_tokens']:.0f} H {row['entropy']:.3f}" if row.get("gen_tokens") is not None else "")
+            + (f" GUARD {row['guard']}" if row.get("guard") else ""))

@@ -1,5 +1,6 @@
 """One rank's part of a step's rollouts: claim draws, run each draw's G episodes concurrently
-against the generator, grade them, and report whether the group is informative.
+against the generator, grade them, and report whether the group is informative (on the rewards
+the advantages will see: the grades with the overlong shaping, against the variance floor).
 
 Why two pools: the server batches concurrent requests (vLLM-CPU does 2.2x the tokens/s at 32 in
 flight), so the unit of concurrency is the episode; groups are claimed one per group thread and
@@ -22,6 +23,7 @@ from tbhpc.rollout.collect import Rollout, collect_episode
 from tbhpc.train.draw import draw, episode_seed
 from tbhpc.train.grpo import is_informative
 from tbhpc.train.queue import DROPPED, FLAT, MIXED, DrawQueue
+from tbhpc.train.stability import shaped_rewards
 
 SURPLUS = "surplus"
 
@@ -35,6 +37,7 @@ class GroupOutcome:
     reruns: int = 0              # system errors cured by re-running an episode
     error: str = ""
     seconds: float = 0.0
+    rewards: list[float] = field(default_factory=list)   # what the advantages see: the grades, shaped (stability.py)
 
 
 @dataclass
@@ -51,6 +54,8 @@ class RolloutContext:
     max_reruns: int = 3
     episodes_in_flight: int = 32
     max_staleness: int = 0       # on-policy: every token from the step's own weights
+    overlong: tuple[int, int, float] = (0, 0, 0.0)   # (response budget, buffer, penalty): stability.shaped_rewards
+    min_group_std: float = 0.0   # a group below this reward std is flat (replaced)
 
 
 def run_rank_rollouts(ctx: RolloutContext, queue: DrawQueue, step: int, expected_version: int,
@@ -123,7 +128,8 @@ def _run_group(ctx: RolloutContext, episodes: ThreadPoolExecutor, queue: DrawQue
     if expected_version - oldest > ctx.max_staleness:
         g.error = f"sampled by step {oldest}, expected step {expected_version} (staleness bound {ctx.max_staleness})"
         return g
-    g.status = MIXED if is_informative([r.episode.reward for r in rollouts]) else FLAT
+    g.rewards = shaped_rewards(rollouts, *ctx.overlong)
+    g.status = MIXED if is_informative(g.rewards, ctx.min_group_std) else FLAT
     return g
 
 

@@ -8,7 +8,10 @@ split holds: the demo pack's generator with another seed) with the campaign code
 recipe uses (temperature 1). A phase gated "first" stops at the first checkpoint whose pass@1 is
 inside the target band with no task type at 0% or 100% (that checkpoint is chosen). A phase gated
 "best" (the low-lr polish after it) runs on and keeps the best checkpoint inside the band; it ends
-after `patience` evaluations without a better one. Why polish: a checkpoint taken mid-schedule at a
+after `patience` evaluations without a better one. A phase gated "plateau" (the SFT plateau GRPO
+starts from) keeps the best checkpoint by pass@1 alone, band or not, and ends once `patience`
+evaluations in a row have not beaten it by more than `min_delta`: where more SFT stops paying.
+Why polish: a checkpoint taken mid-schedule at a
 high lr is noisy (its failures are copying slips that more demonstrations cure at once, so
 continued SFT would beat any RL started there); polished, its remaining failures are decisions.
 Every checkpoint's figures go to `selection.json` beside the model, so the choice can be read
@@ -20,6 +23,7 @@ import copy
 import json
 import shutil
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -34,13 +38,15 @@ class SelectGate:
     hi: float = 0.85
     repeats: int = 4
     workers: int = 2
-    patience: int = 3              # "best" phases: evaluations without a better checkpoint before the phase ends
+    patience: int = 3              # "best"/"plateau" phases: evaluations without a better checkpoint before the phase ends
+    min_delta: float = 0.0         # "plateau": a checkpoint must beat the best by more than this to count as better
     log: object = print
     history: list[dict] = field(default_factory=list)
     chosen: dict | None = None
     _state: dict | None = None     # the chosen checkpoint's weights (restored before saving)
     _stale: int = 0
     _mode: str = "first"
+    _t0: float = field(default_factory=time.perf_counter)
 
     def __call__(self, step: int, model, tokenizer, mode: str = "first") -> bool:
         """Evaluate the model as it is after `step` steps; True: end the current phase here."""
@@ -53,11 +59,14 @@ class SelectGate:
             rates = evaluate(str(work / "model"), self.pack, work / "eval", self.repeats, self.workers)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        row = {"step": step, "phase_gate": mode, **rates}
+        row = {"step": step, "phase_gate": mode, "seconds": round(time.perf_counter() - self._t0, 1), **rates}
         self.history.append(row)
         types = rates["per_type"].values()
         inside = in_band(rates, self.lo, self.hi)
-        better = inside and (mode == "first" or self.chosen is None or rates["pass_at_1"] > self.chosen["pass_at_1"])
+        if mode == "plateau":
+            better = self.chosen is None or rates["pass_at_1"] > self.chosen["pass_at_1"] + self.min_delta
+        else:
+            better = inside and (mode == "first" or self.chosen is None or rates["pass_at_1"] > self.chosen["pass_at_1"])
         self.log(f"warm-select: step {step}: held-out pass@1 {rates['pass_at_1']:.3f} "
                  f"(types {min(types):.2f}-{max(types):.2f}){' -> chosen' if better else ''}")
         if better:
@@ -73,7 +82,7 @@ class SelectGate:
             model.load_state_dict(self._state)
 
     def write(self, out: Path) -> None:
-        gate = {k: v for k, v in asdict(self).items() if k not in ("log", "history", "chosen", "pack", "_state", "_stale", "_mode")}
+        gate = {k: v for k, v in asdict(self).items() if k not in ("log", "history", "chosen", "pack", "_state", "_stale", "_mode", "_t0")}
         doc = {"gate": {"validation": f"demo pack, seed {VALIDATION_SEED}, eval split", **gate},
                "chosen": self.chosen, "history": self.history}
         (Path(out) / "selection.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
