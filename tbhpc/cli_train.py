@@ -188,6 +188,8 @@ def run(args) -> int:
         code = requeue_or_exit(trainer.rank0)
     else:
         if trainer.rank0:
+            if trainer.stopped:
+                print(f"train: {args.run}: stopped by the collapse guard at {trainer.stopped}", flush=True)
             print(f"train: {args.run}: {last} steps done; weights in {args.run}/exports/step-{last:06d}", flush=True)
             _stop_serving_job(args.run)
         code = 0

@@ -1,4 +1,4 @@
-"""`make demo` on the demo pack, shrunk: the committed warm start (models/demo-pack-warm) through
+"""`make demo` on the demo pack, shrunk: the committed SFT plateau (models/demo-pack-plateau) through
 probe -> select -> GRPO (and the continued-SFT baseline) -> eval -> fresh-seed eval -> Table 1,
 on an evenly spaced sample of 11 tasks per split (one per template) and 2 training steps. What it
 checks is the pipeline's bookkeeping on the pack `make demo` runs: the pool is a subset of the
@@ -24,7 +24,8 @@ from helpers import cpu_class
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-WARM = REPO / "models" / "demo-pack-warm"
+WARM = REPO / "models" / "demo-pack-warm"          # the gate's checkpoint: where the plateau's SFT continued from
+PLATEAU = REPO / "models" / "demo-pack-plateau"    # the demo's start (GRPO and the continued-SFT baseline)
 SMALL = ["sample=11", "probe_repeats=4", "eval_repeats=3", "fresh_repeats=1", "fresh_per_template=3", "workers=1", "concurrency=16",
          "sft_baseline=true",
          "train={steps: 2, groups_per_step: 2, max_draws: 8, torch_threads: 1, episodes_in_flight: 16}"]
@@ -53,6 +54,16 @@ def test_the_committed_warm_start_was_chosen_by_the_gate():
                for h in sel["history"][:-1])          # the first checkpoint inside the band, not a later one
 
 
+def test_the_committed_plateau_is_where_held_out_pass_at_1_stopped_rising():
+    sel = json.loads((PLATEAU / "selection.json").read_text())
+    gate, history, chosen = sel["gate"], sel["history"], sel["chosen"]
+    assert history[0]["step"] == 0 and all(h["phase_gate"] == "plateau" for h in history)   # the curve starts at the base
+    assert chosen["pass_at_1"] == max(h["pass_at_1"] for h in history) and chosen["pass_at_1"] > history[0]["pass_at_1"]
+    after = [h for h in history if h["step"] > chosen["step"]]
+    assert len(after) == gate["patience"]                          # it ended `patience` evaluations after the best
+    assert all(h["pass_at_1"] <= chosen["pass_at_1"] + gate["min_delta"] for h in after)
+
+
 def test_every_stage_runs_on_the_demo_pack(run):
     out, log = run
     for stage in ("1. policy", "2. probe", "3. select", "4. train", "4b. baseline", "5. evaluate",
@@ -62,7 +73,7 @@ def test_every_stage_runs_on_the_demo_pack(run):
     assert median and int(median.group(1)) <= 300, log[:2000]
     for f in ("probe/results.duckdb", "pool.yaml", "train/exports/step-000002/config.json", "eval-warm/results.duckdb",
               "eval-trained/results.duckdb", "fresh-warm/results.duckdb", "fresh-trained/results.duckdb",
-              "fresh-pack-s2027-x3/eval_ids.txt", "sft-baseline/config.json", "eval-sft/results.duckdb", "report/README.md",
+              "fresh-pack-s2027-x3/eval_ids.txt", "sft-baseline/config.json", "eval-sft/results.duckdb", "fresh-sft/results.duckdb", "report/README.md",
               "demo.json"):
         assert (out / f).exists(), f
 
@@ -93,6 +104,18 @@ def test_both_tables_are_what_the_duckdb_files_say(run):
         delta = table["compare"]["metrics"]["pass@1"]
         assert delta["delta"] == pytest.approx(table["trained"]["pass@1"]["value"] - table["warm"]["pass@1"]["value"])
     assert "## Fresh instances (generator seed 2027" in (out / "report/README.md").read_text()
+    # GRPO vs continued SFT: every figure read back from the three runs' files, on both splits
+    for split, prefix in (("held-out", "eval"), ("fresh", "fresh")):
+        got = summary["grpo_vs_sft"][split]
+        for side, run_name in (("start", "warm"), ("sft", "sft"), ("grpo", "trained")):
+            con = duckdb.connect(str(out / f"{prefix}-{run_name}" / "results.duckdb"), read_only=True)
+            p1, kk = con.execute("SELECT avg(r), avg(CASE WHEN r = 1 THEN 1.0 ELSE 0.0 END) FROM (SELECT task_id, "
+                                 "avg(reward) AS r FROM attempts WHERE status = 'ok' GROUP BY 1)").fetchone()
+            con.close()
+            assert got["pass@1"][side] == pytest.approx(p1, abs=1e-6) and got["k/k"][side] == pytest.approx(kk, abs=1e-6)
+        d = got["pass@1"]["grpo_minus_sft"]
+        assert d["delta"] == pytest.approx(got["pass@1"]["grpo"] - got["pass@1"]["sft"], abs=1e-6) and d["lo"] <= d["hi"]
+    assert "## GRPO vs continued SFT" in (out / "report/README.md").read_text()
 
 
 def test_the_export_loads_in_transformers_and_serves_in_vllm(run, tmp_path):
@@ -103,7 +126,7 @@ def test_the_export_loads_in_transformers_and_serves_in_vllm(run, tmp_path):
     out, _ = run
     export = out / "train/exports/step-000002"
     model, tok = AutoModelForCausalLM.from_pretrained(export), AutoTokenizer.from_pretrained(export)
-    warm = AutoModelForCausalLM.from_pretrained(WARM)
+    warm = AutoModelForCausalLM.from_pretrained(PLATEAU)
     assert max(float((a - b).detach().abs().max()) for a, b in zip(model.parameters(), warm.parameters())) > 0
     prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Please cancel order O2021."}], tokenize=False,
                                                 add_generation_prompt=True), add_special_tokens=False)

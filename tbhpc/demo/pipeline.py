@@ -180,7 +180,8 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
         s = time.perf_counter()
         console.print("[bold]4b. baseline[/]: continued SFT of the warm start for the same time")
         policies.append(("eval-sft", sft_baseline(out, warm, out / "pool.yaml", float(tcfg["lr"]),
-                                                  grpo_seconds(out / "train"), cfg.seed, console, _stream, cfg.pack)))
+                                                  grpo_seconds(out / "train"), int(tcfg["seed"]), console, _stream,
+                                                  cfg.pack)))
         stage("sft baseline", s)
 
     s = time.perf_counter()
@@ -236,6 +237,12 @@ def run_training(tcfg: dict, run: Path, console: Console) -> str:
     env = {**os.environ, "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": str(tcfg.get("torch_threads", 1)),
            "DS_ACCELERATOR": "cpu"}
     _stream([sys.executable, "-m", "tbhpc.cli", "train", str(run), "--config", str(cfg_file)], console, env)
+    from tbhpc.store.run_dir import RunDir
+    from tbhpc.train.record import read_steps
+    stops = [r["step"] for r in read_steps(RunDir(run)) if r.get("guard") == "stop"]
+    if stops and not (export / "config.json").exists():      # the collapse guard ended it early: its export
+        export = run / "exports" / f"step-{stops[-1]:06d}"
+        console.print(f"   the collapse guard stopped training at step {stops[-1]}; evaluating {export}")
     if not (export / "config.json").exists():
         raise UserError(f"demo: training finished without {export}")
     return str(export)
