@@ -78,8 +78,11 @@ def test_the_guard_trips_on_a_length_or_entropy_runaway_after_its_reference():
     assert g.reference() == (55, pytest.approx(1.0))
     assert g.check(RolloutHealth(10, 1000, 1000)) == ""                             # 100 tokens, entropy 1.0
     assert "mean response 120 tokens > 2 x the reference 55" in g.check(RolloutHealth(10, 1200, 1200))
-    assert "entropy 1.600 outside [0.667, 1.500]" in g.check(RolloutHealth(10, 500, 800))
-    assert "entropy 0.600 outside" in g.check(RolloutHealth(10, 500, 300))          # collapse the other way too
+    assert "entropy 1.6000 > 1.5 x the reference 1.0000" in g.check(RolloutHealth(10, 500, 800))
+    assert g.check(RolloutHealth(10, 500, 100)) == ""         # entropy falling to a fifth: sharpening, not a runaway
+    fixed = CollapseGuard(length_factor=2.0, window=2, fixed=[10, 0.5])
+    assert fixed.check(RolloutHealth(1, 500, 1)) == "" and fixed.check(RolloutHealth(1, 500, 1)) == ""   # never judged
+    assert fixed.reference() == (10, 0.5) and "> 2 x the reference 10" in fixed.check(RolloutHealth(1, 21, 1))
     again = CollapseGuard(2.0, 1.5, 3)
     again.restore(g.state())
     assert again.reference() == g.reference()
@@ -90,7 +93,8 @@ def test_stability_config_errors_name_the_field():
     for bad, field in ((dict(guard_length=1.0), "guard_length"), (dict(guard_entropy=-2), "guard_entropy"),
                        (dict(guard_action="pause"), "guard_action"), (dict(overlong_buffer=9000), "overlong_buffer"),
                        (dict(min_group_std=float("nan")), "min_group_std"), (dict(guard_lr_factor=0.0), "guard_lr_factor"),
-                       (dict(guard_window=1), "guard_window")):
+                       (dict(guard_window=1), "guard_window"), (dict(guard_reference=[50]), "guard_reference"),
+                       (dict(guard_reference=[50, -1]), "guard_reference")):
         with pytest.raises(UserError, match=field):
             TrainConfig(**bad)
     with pytest.raises(UserError, match="max_staleness 0"):
@@ -102,8 +106,8 @@ def test_stability_config_errors_name_the_field():
 # ---- in a real run ---------------------------------------------------------------------------------
 GUARDED = ["generator=local", "steps=6", "group_size=4", "groups_per_step=1", "max_draws=6", "max_tokens=48",
            "response_budget=160", "lr=1e-4", "microbatch_tokens=4096", "seed=3", "keep_published=10",
-           # an entropy band so narrow that any step after the reference trips it: the real path, forced
-           "guard_entropy=1.0001", "guard_window=2", "guard_max_rollbacks=1", "guard_lr_factor=0.5",
+           # a given reference of 1-token episodes: every step after the first two trips (the real path, forced)
+           "guard_length=2", "guard_reference=[1, 0.001]", "guard_window=2", "guard_max_rollbacks=1", "guard_lr_factor=0.5",
            "overlong_filter=true", "overlong_buffer=32"]
 
 

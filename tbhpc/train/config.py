@@ -76,8 +76,9 @@ class TrainConfig:
     overlong_penalty: float = 1.0         # the penalty at the budget (subtracted from the reward the advantage sees)
     min_group_std: float = 0.0            # groups whose reward std is below this are replaced like flat ones
     guard_length: float = 0.0             # collapse guard: mean generated tokens > this x the reference (0: off)
-    guard_entropy: float = 0.0            # collapse guard: entropy outside reference /÷ this (0: off)
-    guard_window: int = 5                 # the reference: median of the first N steps
+    guard_entropy: float = 0.0            # collapse guard: entropy > this x the reference (0: off; a fall is sharpening)
+    guard_window: int = 5                 # the reference: median of the first N steps (never judged themselves)
+    guard_reference: list[float] = field(default_factory=list)   # or a given [tokens, entropy] (e.g. an earlier run's)
     guard_action: str = "rollback"        # rollback (the last good step's state, lr x guard_lr_factor) | stop
     guard_lr_factor: float = 0.5
     guard_max_rollbacks: int = 3          # then the next trip stops the run
@@ -170,6 +171,9 @@ class TrainConfig:
             raise UserError(f"train config: field 'guard_action' must be rollback or stop, got {self.guard_action!r}")
         if not 0 < self.guard_lr_factor <= 1:
             raise UserError(f"train config: field 'guard_lr_factor' must be within (0, 1], got {self.guard_lr_factor!r}")
+        ref = self.guard_reference
+        if ref and not (len(ref) == 2 and all(_finite(v) and v > 0 for v in ref)):
+            raise UserError(f"train config: field 'guard_reference' must be [tokens, entropy], two numbers > 0, got {ref!r}")
         if self.guard_window < 2 or self.guard_max_rollbacks < 0:
             raise UserError("train config: fields 'guard_window' (>= 2) and 'guard_max_rollbacks' (>= 0) are out of range")
         if self.guard_length or self.guard_entropy:

@@ -91,7 +91,7 @@ class Trainer:
                                   max_staleness=cfg.max_staleness, episodes_in_flight=cfg.episodes_in_flight if cfg.generator != "local" else 1,
                                   overlong=(cfg.response_budget, cfg.overlong_buffer, cfg.overlong_penalty),
                                   min_group_std=cfg.min_group_std)
-        self.guard = CollapseGuard(cfg.guard_length, cfg.guard_entropy, cfg.guard_window)
+        self.guard = CollapseGuard(cfg.guard_length, cfg.guard_entropy, cfg.guard_window, cfg.guard_reference or None)
         self.lr_scale, self.stopped = 1.0, ""
         self.tb = _tensorboard(self.run_path) if cfg.tensorboard and self.rank0 else None
 
