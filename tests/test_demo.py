@@ -92,10 +92,12 @@ def test_table1_is_computed_from_the_duckdb_results(demo):
                                            - summary["table1"]["warm"]["pass@1"]["value"])
     readme = (out / "report/README.md").read_text()
     assert "| pass@1 |" in readme and "observed 3/3" in readme and "collapse check" in readme
-    assert "continued SFT for GRPO's wall time" in readme and "| continued SFT |" in readme
-    vs = summary["sft_baseline"]["grpo_minus_sft_pass@1"]
-    assert vs["delta"] == pytest.approx(summary["table1"]["trained"]["pass@1"]["value"]
-                                        - summary["table1"]["sft"]["pass@1"]["value"])
+    assert "## GRPO vs continued SFT" in readme and "| continued SFT |" in readme
+    vs = summary["grpo_vs_sft"]["held-out"]["pass@1"]
+    assert vs["grpo"] == pytest.approx(summary["table1"]["trained"]["pass@1"]["value"], abs=1e-6)
+    assert vs["sft"] == pytest.approx(summary["table1"]["sft"]["pass@1"]["value"], abs=1e-6)
+    assert vs["grpo_minus_sft"]["delta"] == pytest.approx(vs["grpo"] - vs["sft"], abs=1e-6)
+    assert "fresh" not in summary["grpo_vs_sft"]          # the full pack has no fresh instances
 
 
 def test_the_sft_baseline_had_grpos_time_and_moved_the_weights(demo):

@@ -125,7 +125,7 @@ def test_the_demo_pack_is_named_and_the_demo_config_checks_its_fields(demo_tasks
     from tbhpc.errors import UserError
     assert [t.id for t in load_pack("demo")] == [t.id for t in demo_tasks]
     assert tbhpc("tasks", "validate", "demo").startswith("OK: 4510 tasks")
-    assert DemoConfig().warm_path == "models/demo-pack-warm" and DemoConfig(pack="full").warm_path == "models/demo-warm"
+    assert DemoConfig().warm_path == "models/demo-pack-plateau" and DemoConfig(pack="full").warm_path == "models/demo-warm"
     with pytest.raises(UserError, match="fresh_seed"):
         DemoConfig(pack="full", fresh_seed=3)
 
@@ -140,13 +140,9 @@ def test_the_warm_start_gate_wants_the_band_and_no_type_at_0_or_100():
     assert not in_band({"pass_at_1": 0.6, "per_type": {}}, 0.5, 0.85)
 
 
-def test_the_gate_stops_a_first_phase_in_the_band_and_keeps_a_polish_phases_best_checkpoint(monkeypatch, tmp_path):
-    # The selection logic only: the evaluation is replaced by scripted figures (the real one runs
-    # campaigns of the warm start; `make warmstart-demo` is that path end to end).
+def _gate_stand_ins():
+    """A one-weight model and a tokenizer that save nothing: what the gate handles, without a campaign."""
     import torch
-
-    from tbhpc.train import warm_select
-    from tbhpc.train.warm_select import SelectGate
 
     class Model(torch.nn.Linear):
         def save_pretrained(self, path):
@@ -155,6 +151,17 @@ def test_the_gate_stops_a_first_phase_in_the_band_and_keeps_a_polish_phases_best
     class Tok:
         def save_pretrained(self, path):
             pass
+    return Model, Tok
+
+
+def test_the_gate_stops_a_first_phase_in_the_band_and_keeps_a_polish_phases_best_checkpoint(monkeypatch, tmp_path):
+    # The selection logic only: the evaluation is replaced by scripted figures (the real one runs
+    # campaigns of the warm start; `make warmstart-demo` is that path end to end).
+    import torch
+
+    from tbhpc.train import warm_select
+    from tbhpc.train.warm_select import SelectGate
+    Model, Tok = _gate_stand_ins()
 
     figures = iter([(0.30, 0.5), (0.60, 0.5),                     # "first": out of the band, then in it
                     (0.70, 0.5), (0.65, 0.5), (0.90, 0.5), (0.72, 1.0)])   # "best": the 0.70 one stays chosen
@@ -181,14 +188,7 @@ def test_a_plateau_phase_keeps_the_best_checkpoint_and_ends_once_pass_at_1_stops
 
     from tbhpc.train import warm_select
     from tbhpc.train.warm_select import SelectGate
-
-    class Model(torch.nn.Linear):
-        def save_pretrained(self, path):
-            pass
-
-    class Tok:
-        def save_pretrained(self, path):
-            pass
+    Model, Tok = _gate_stand_ins()
 
     # every type at 1.0 would be out of any band: a plateau does not care (the pool's selection drops easy tasks)
     figures = iter([0.60, 0.70, 0.80, 0.803, 0.79, 0.81, 0.70, 0.75, 0.78, 0.99])

@@ -115,7 +115,7 @@ def test_the_grpo_vs_sft_table_pairs_grpo_against_sft_on_each_split():
                                                           ("grpo", [20, 20, 20, 6])))
     side = Side("held-out", 20, *(summarise(x, bootstrap=200) for x in (start, sft, grpo)), compare(sft, grpo, bootstrap=200))
     lines = comparison_markdown([side]).splitlines()
-    assert lines[0] == "| split | metric | SFT plateau (start) | continued SFT | GRPO | GRPO - SFT, pts [paired 95%] |"
+    assert lines[0] == "| split | metric | start | continued SFT | GRPO | GRPO - SFT, pts [paired 95%] |"
     assert lines[2].startswith("| held-out | pass@1 | 66.2% [") and "| 68.8% [" in lines[2] and "| 82.5% [" in lines[2]
     assert "| +13.8 [" in lines[2]                                    # (66 - 55) / 80 attempts
     assert lines[3].startswith("| held-out | pass^20 (all 20 of 20) |") and "(1/4)" in lines[3] and "(3/4)" in lines[3]

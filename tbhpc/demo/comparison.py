@@ -40,7 +40,7 @@ def _kk(s: dict) -> str:
 
 def comparison_markdown(sides: list[Side]) -> str:
     """One row per metric and split: start, SFT, GRPO, and GRPO - SFT with its paired 95% interval."""
-    lines = ["| split | metric | SFT plateau (start) | continued SFT | GRPO | GRPO - SFT, pts [paired 95%] |",
+    lines = ["| split | metric | start | continued SFT | GRPO | GRPO - SFT, pts [paired 95%] |",
              "|---|---|---|---|---|---|"]
     for s in sides:
         k = s.k
