@@ -46,6 +46,10 @@ def add_parsers(sub) -> None:
                         "no task type at 0%% or 100%% (tbhpc/train/warm_select.py); checked every --select-every steps")
     w.add_argument("--select-every", type=int_in(1), default=150)
     w.add_argument("--band", type=float_in(0, 1), nargs=2, default=(0.5, 0.85), metavar=("LO", "HI"))
+    w.add_argument("--select-repeats", type=int_in(1), default=4, help="attempts per validation task at each check")
+    w.add_argument("--patience", type=int_in(1), default=3, help="checks without a better checkpoint before a "
+                                                                "best/plateau phase ends")
+    w.add_argument("--min-delta", type=float_in(0, 1), default=0.0, help="plateau: how much pass@1 must rise to count")
     w.add_argument("--ask", action="store_true", help="oracle episodes that ask the user for the facts their calls use "
                                                       "(generalises to unseen tasks; the smoke warm start memorises)")
 
@@ -116,7 +120,7 @@ def run_warmstart(args) -> int:
     from tbhpc.campaign.config import CampaignConfig, select_tasks
     from tbhpc.policy.tiny import build_tiny_model
     from tbhpc.train.sft import RECIPES, Phase, sft
-    args.phases, args.select_repeats, args.patience, args.min_delta = None, 4, 3, 0.0
+    args.phases = None
     if args.recipe:
         for key, value in RECIPES[args.recipe].items():
             setattr(args, key, value)

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 WARM = REPO / "models" / "demo-pack-warm"          # the gate's checkpoint: where the plateau's SFT continued from
 PLATEAU = REPO / "models" / "demo-pack-plateau"    # the demo's start (GRPO and the continued-SFT baseline)
 SMALL = ["sample=11", "probe_repeats=4", "eval_repeats=3", "fresh_repeats=1", "fresh_per_template=3", "workers=1", "concurrency=16",
-         "sft_baseline=true",
+         "sft_baseline=true", f"warm_start={WARM}",   # 11 tasks: the plateau solves all of them (empty pool)
          "train={steps: 2, groups_per_step: 2, max_draws: 8, torch_threads: 1, episodes_in_flight: 16}"]
 
 
@@ -58,7 +58,8 @@ def test_the_committed_plateau_is_where_held_out_pass_at_1_stopped_rising():
     sel = json.loads((PLATEAU / "selection.json").read_text())
     gate, history, chosen = sel["gate"], sel["history"], sel["chosen"]
     assert history[0]["step"] == 0 and all(h["phase_gate"] == "plateau" for h in history)   # the curve starts at the base
-    assert chosen["pass_at_1"] == max(h["pass_at_1"] for h in history) and chosen["pass_at_1"] > history[0]["pass_at_1"]
+    best = max(h["pass_at_1"] for h in history)       # a later one may top it by less than min_delta
+    assert best - gate["min_delta"] <= chosen["pass_at_1"] <= best and chosen["pass_at_1"] > history[0]["pass_at_1"]
     after = [h for h in history if h["step"] > chosen["step"]]
     assert len(after) == gate["patience"]                          # it ended `patience` evaluations after the best
     assert all(h["pass_at_1"] <= chosen["pass_at_1"] + gate["min_delta"] for h in after)
@@ -126,7 +127,7 @@ def test_the_export_loads_in_transformers_and_serves_in_vllm(run, tmp_path):
     out, _ = run
     export = out / "train/exports/step-000002"
     model, tok = AutoModelForCausalLM.from_pretrained(export), AutoTokenizer.from_pretrained(export)
-    warm = AutoModelForCausalLM.from_pretrained(PLATEAU)
+    warm = AutoModelForCausalLM.from_pretrained(WARM)
     assert max(float((a - b).detach().abs().max()) for a, b in zip(model.parameters(), warm.parameters())) > 0
     prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Please cancel order O2021."}], tokenize=False,
                                                 add_generation_prompt=True), add_special_tokens=False)
