@@ -1,6 +1,6 @@
 """GRPO vs continued SFT from the SFT plateau, paired, over training seeds: `make demo`'s pipeline
-once per seed (`train.seed=N`; the same plateau, probe, pool and evaluation seeds, so the start
-model's evaluations and the probe are run once and shared), then one table of GRPO - SFT on the
+once per seed (`train.seed=N`; the same plateau, probe, pool and evaluation seeds: every seed
+runs them again in its own directory, a campaign is tied to its files), then one table of GRPO - SFT on the
 held-out split (110 x 20) and on fresh instances (330 x 10): pass@1, pass^k (all k of k), pass@k,
 each with its paired bootstrap interval, and the goal the demo is held to (pass^k above SFT with
 the interval above 0 on at least 2 of 3 seeds, pass@1 not below SFT, pass@k about flat).
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -23,17 +22,9 @@ from tbhpc.config import load_config
 from tbhpc.demo.config import DemoConfig
 from tbhpc.demo.pipeline import run_demo
 
-SHARED = ("probe", "pool.yaml", "sample-train.txt", "sample-eval.txt", "eval-warm", "fresh-warm")
 
-
-def seed_run(base: Path, seed: int, first: Path | None, overrides: list[str], con: Console) -> dict:
+def seed_run(base: Path, seed: int, overrides: list[str], con: Console) -> dict:
     out = base / f"seed-{seed}"
-    if first is not None and first != out:
-        for name in SHARED:                    # what does not depend on the trainer's seed
-            src, dst = first / name, out / name
-            if src.exists() and not dst.exists():
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                (shutil.copytree if src.is_dir() else shutil.copy2)(src, dst)
     cfg = load_config(DemoConfig, Path("jobs/demo-pack.yaml"), [f"out={out}", "sft_baseline=true", *overrides])
     cfg.train = {**cfg.train, "seed": seed}
     if not (out / "demo.json").exists():
@@ -75,11 +66,10 @@ def main() -> int:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     con = Console()
-    results, first = {}, None
+    results = {}
     for seed in args.seeds:
         con.rule(f"seed {seed}")
-        results[seed] = seed_run(args.out, seed, first, args.overrides, con)
-        first = first or args.out / f"seed-{seed}"
+        results[seed] = seed_run(args.out, seed, args.overrides, con)
     md = table(results) + "\n\n" + goal(results) + ".\n"
     (args.out / "grpo_vs_sft.md").write_text(md, encoding="utf-8")
     con.print(md)
