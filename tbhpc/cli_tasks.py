@@ -8,7 +8,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from tbhpc.errors import PackError
+from tbhpc.errors import PackError, UserError
 from tbhpc.outpaths import check_output_folder
 from tbhpc.tasks.loader import load_pack, pack_files, resolve_pack
 
@@ -47,6 +47,10 @@ def run(args) -> int:
     else:
         tasks = load_pack(pack)
     if args.tasks_cmd == "list":
+        domains = sorted({t.domain for t in tasks})
+        if args.domain and args.domain not in domains:
+            raise UserError(f"tasks list --domain {args.domain!r}: {pack} has no such domain (its domains: "
+                            f"{', '.join(domains) or 'none'})")
         rows = [t for t in tasks if (not args.domain or t.domain == args.domain) and (not args.split or t.split == args.split)]
         if args.format == "json":
             print(json.dumps([{"id": t.id, "domain": t.domain, "split": t.split, "n_golden_calls": t.n_golden_calls,

@@ -194,6 +194,8 @@ def run(args) -> int:
         if trainer.rank0:
             if trainer.stopped:
                 print(f"train: {args.run}: stopped by the collapse guard at {trainer.stopped}", flush=True)
+            elif trainer.out_of_time:
+                print(f"train: {args.run}: time budget of {cfg.max_seconds:g} s spent after step {last}", flush=True)
             print(f"train: {args.run}: {last} steps done; weights in {args.run}/exports/step-{last:06d}", flush=True)
             _stop_serving_job(args.run)
         code = 0

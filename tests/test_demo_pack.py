@@ -211,3 +211,25 @@ def test_a_plateau_phase_keeps_the_best_checkpoint_and_ends_once_pass_at_1_stops
     doc = json.loads((tmp_path / "selection.json").read_text())
     assert [r["step"] for r in doc["history"]] == list(range(9)) and doc["gate"]["min_delta"] == 0.005
     assert all("seconds" in r for r in doc["history"])
+
+
+def test_candidate_instances_avoid_every_instance_of_the_bundled_pack(tmp_path: Path, instances):
+    """The demo's probe candidates (candidates_seed): train instances of another seed, none equal to
+    an instance (train or eval) of the bundled pack, which the SFT plateau learnt; written once."""
+    from tbhpc.demo.config import DemoConfig
+    from tbhpc.demo.pipeline import train_pack, write_candidates
+    from tbhpc.errors import UserError
+    bundled = {fingerprint(i.case) for i in instances}
+    plain = demo_instances(seed=11, train=TRAIN_PER_TEMPLATE, eval=0)
+    avoided = demo_instances(seed=11, train=TRAIN_PER_TEMPLATE, eval=0, avoid_seed=DEMO_SEED)
+    assert {fingerprint(i.case) for i in plain} & bundled                 # without it, seed 11 repeats 4 of 4,400
+    assert not {fingerprint(i.case) for i in avoided} & bundled and len(avoided) == len(plain)
+    cfg = DemoConfig(out=str(tmp_path / "demo"), candidates_seed=11, candidates_per_template=3)
+    path = write_candidates(cfg)
+    assert train_pack(cfg) == str(path) and train_pack(DemoConfig()) == "demo"
+    tasks = load_pack(path)
+    assert len(tasks) == 33 and {t.split for t in tasks} == {"train"} and all("-s11-train" in t.id for t in tasks)
+    first = (path / "demo_retail.yaml").read_bytes()
+    assert write_candidates(cfg) == path and (path / "demo_retail.yaml").read_bytes() == first
+    with pytest.raises(UserError, match="candidates_seed"):
+        DemoConfig(pack="full", candidates_seed=11)

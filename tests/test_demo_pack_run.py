@@ -79,17 +79,24 @@ def test_every_stage_runs_on_the_demo_pack(run):
         assert (out / f).exists(), f
 
 
-def test_the_pool_is_train_only_and_the_fresh_instances_are_new(run):
+def test_the_pool_is_candidates_the_plateau_never_saw_and_the_fresh_instances_are_new(run):
+    """The probe and the pool are candidate instances (seed candidates_seed), train split only,
+    none with the content of an instance of the bundled pack (whose train split the SFT learnt)."""
     from tbhpc.tasks.loader import load_exclusions, load_pack
     out, _ = run
     pack = load_pack("demo")
-    train = {t.id for t in pack if t.split == "train"}
+    demo = yaml.safe_load((REPO / "jobs/demo-pack.yaml").read_text())
+    candidates = load_pack(out / f"candidates-s{demo['candidates_seed']}-x{demo['candidates_per_template']}")
+    assert len(candidates) == 11 * demo["candidates_per_template"] and {t.split for t in candidates} == {"train"}
+    assert not _content(candidates) & _content(pack)
     eval_ids = load_exclusions(REPO / "tbhpc/data/packs/demo/eval_ids.txt")
     pool = yaml.safe_load((out / "pool.yaml").read_text())["tasks"]
-    assert pool and set(pool) <= train and not set(pool) & eval_ids
+    probed = {r[0] for r in duckdb.connect(str(out / "probe/results.duckdb"), read_only=True).execute(
+        "SELECT DISTINCT task_id FROM attempts").fetchall()}
+    assert len(probed) == 11 and probed <= {t.id for t in candidates}
+    assert set(pool) <= probed and not set(pool) & eval_ids
     fresh = load_pack(out / "fresh-pack-s2027-x3")
     assert len(fresh) == 33 and not {t.id for t in fresh} & {t.id for t in pack}
-    demo = yaml.safe_load((REPO / "jobs/demo-pack.yaml").read_text())
     assert 11 * demo["fresh_per_template"] >= 100 and demo["fresh_repeats"] >= 10     # what `make demo` evaluates
     assert not _content(fresh) & _content(pack)
 

@@ -233,6 +233,7 @@ CASES = [
     ("validate-not-a-run", ["validate", "folder"], 2, ["folder", "not a run directory"]),
     ("show-missing-task", ["show", RUNS, "no-such-task"], 2, ["no-such-task"]),
     ("mcp-serve-domain", ["mcp-serve", "--domain", "retial"], 2, ["retial", "retail"]),
+    ("tasks-list-domain", ["tasks", "list", "--domain", "retial"], 2, ["--domain", "retial", "retail"]),
     ("unknown-command", ["evaluate"], 2, ["invalid choice: 'evaluate'"]),
 ]
 

@@ -94,7 +94,8 @@ def test_stability_config_errors_name_the_field():
                        (dict(guard_action="pause"), "guard_action"), (dict(overlong_buffer=9000), "overlong_buffer"),
                        (dict(min_group_std=float("nan")), "min_group_std"), (dict(guard_lr_factor=0.0), "guard_lr_factor"),
                        (dict(guard_window=1), "guard_window"), (dict(guard_reference=[50]), "guard_reference"),
-                       (dict(guard_reference=[50, -1]), "guard_reference")):
+                       (dict(guard_reference=[50, -1]), "guard_reference"), (dict(max_seconds=-5), "max_seconds"),
+                       (dict(max_seconds=float("inf")), "max_seconds")):
         with pytest.raises(UserError, match=field):
             TrainConfig(**bad)
     with pytest.raises(UserError, match="max_staleness 0"):
@@ -151,3 +152,31 @@ def test_the_guard_rolls_back_then_stops_and_a_resume_stays_stopped(warm_dir, tm
     assert _same(_weights(run / "exports" / "step-000004"), w1)      # and the stop kept them
     again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "stopped by the collapse guard at step 4" in again.stdout + again.stderr
+
+
+@pytest.mark.slow
+def test_max_seconds_ends_the_run_after_the_step_that_spends_it_and_a_larger_budget_resumes(warm_dir, tmp_path):
+    """A 1-second budget: step 1 spends it, so the run ends there (checkpointed and exported,
+    though 3 steps were planned); the same command does nothing more; without the budget (an
+    execution field, like steps) the run resumes from step 1's checkpoint to step 3."""
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("tasks: [consulting-leave_balance-001, consulting-leave_balance-002]\n")
+    run = tmp_path / "run"
+    env = {**{k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
+                                                                 "SLURM_JOB_ID")}, "OMP_NUM_THREADS": "1"}
+    base = [sys.executable, "-m", "tbhpc.cli", "train", str(run), f"model={warm_dir}", f"pool={pool}", "generator=local",
+            "steps=3", "group_size=4", "groups_per_step=1", "max_draws=6", "max_tokens=48", "response_budget=160",
+            "lr=1e-4", "microbatch_tokens=4096", "seed=3"]
+    res = subprocess.run([*base, "max_seconds=1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-4000:]
+    assert "time budget 1 s reached at step 1" in out and "time budget of 1 s spent after step 1" in out, out[-3000:]
+    assert (run / "exports" / "step-000001" / "config.json").exists() and not (run / "checkpoints" / "step-000002").exists()
+    again = subprocess.run([*base, "max_seconds=1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0 and "spent its time budget (1 s) at step 1" in again.stdout + again.stderr
+    more = subprocess.run(base, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert more.returncode == 0, (more.stdout + more.stderr)[-3000:]
+    con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
+    steps = [r[0] for r in con.execute("SELECT step FROM train_steps ORDER BY step").fetchall()]
+    con.close()
+    assert steps == [1, 2, 3] and (run / "exports" / "step-000003" / "config.json").exists()

@@ -23,7 +23,7 @@ def grpo_seconds(train_run: Path) -> float:
 
 
 def sft_baseline(out: Path, warm: str, pool: Path, lr: float, seconds: float, seed: int, console: Console, stream,
-                 pack: str | None = None) -> str:
+                 pack: str | None = None, demo_pack: bool | None = None) -> str:
     """Continued SFT of `warm` for `seconds` at `lr` on the pool's tasks (of `pack`) with the oracle
     episodes its warm start learnt from; returns its directory."""
     target = out / "sft-baseline"
@@ -33,7 +33,7 @@ def sft_baseline(out: Path, warm: str, pool: Path, lr: float, seconds: float, se
     console.print(f"   continued SFT of {warm} on the pool's oracle episodes: {seconds:.0f} s at lr {lr:g}")
     steps = 100_000                       # the time budget ends it
     # the demo pack's warm start learnt from episodes without questions (the query names every value)
-    demo_pack = pack == "demo"
+    demo_pack = pack == "demo" if demo_pack is None else demo_pack
     stream([sys.executable, "-m", "tbhpc.cli", "warmstart", "--base", warm, "--tasks", str(pool),
             *(["--pack", str(pack)] if pack else []), *([] if demo_pack else ["--ask"]),
             "--out", str(target), "--steps", str(steps), "--lr", str(lr), "--warmup", "0", "--threads", "2",

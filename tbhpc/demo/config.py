@@ -39,6 +39,9 @@ class DemoConfig:
     prices: str = "jobs/prices.yaml"    # USD per 1M tokens per role: cost per success / per reliable task
     train: dict[str, Any] = field(default_factory=dict)   # TrainConfig overrides (steps, groups_per_step, lr, ...)
     sft_baseline: bool = False          # also continue the warm start's SFT for GRPO's wall time, and evaluate it
+    candidates_seed: int | None = None  # probe, select and train on train instances drawn with this seed, none of them an
+                                        # instance of the bundled pack, whose train split the SFT plateau learnt from
+    candidates_per_template: int = 80   # candidate instances of each template (11 templates)
     fresh_seed: int | None = None       # after training, generate demo-pack instances with this seed and evaluate on them too
     fresh_repeats: int = 10
     fresh_per_template: int = 10        # fresh instances of each template (11 templates: 110 tasks at 10)
@@ -60,6 +63,11 @@ class DemoConfig:
         if not 0.0 < self.temperature <= 2.0:
             raise UserError(f"demo config: field 'temperature' must be within (0, 2], got {self.temperature}")
 
+        if self.candidates_seed is not None and (self.pack != "demo" or self.tasks):
+            raise UserError("demo config: field 'candidates_seed' needs pack: demo and no 'tasks' (candidates come from "
+                            "its generator)")
+        if self.candidates_per_template < 1:
+            raise UserError("demo config: field 'candidates_per_template' must be >= 1")
         if self.fresh_seed is not None and self.pack != "demo":
             raise UserError("demo config: field 'fresh_seed' needs pack: demo (fresh instances come from its generator)")
 

@@ -54,7 +54,8 @@ def campaign(cfg: DemoConfig, name: str, kind: str, split: str, repeats: int, mo
     tasks = cfg.tasks if split == "train" else None
     if cfg.sample:
         tasks = str(sample_file(cfg, split))
-    return CampaignConfig(name=name, kind=kind, split=split, repeats=repeats, pack=cfg.pack, limit=cfg.limit,
+    pack = train_pack(cfg) if split == "train" else cfg.pack
+    return CampaignConfig(name=name, kind=kind, split=split, repeats=repeats, pack=pack, limit=cfg.limit,
                           tasks=tasks,
                           seed=cfg.seed, policy="tokens", policy_opts=policy_opts(cfg, model_path),
                           workers=cfg.workers, concurrency=cfg.concurrency, chunk_size=2 * cfg.concurrency)
@@ -65,9 +66,35 @@ def sample_file(cfg: DemoConfig, split: str) -> Path:
     templates are in it), written once to the demo's directory as an id list."""
     path = Path(cfg.out) / f"sample-{split}.txt"
     if not path.exists():
-        ids = [t.id for t in select_tasks(CampaignConfig(pack=cfg.pack, split=split, limit=cfg.limit))]
+        pack = train_pack(cfg) if split == "train" else cfg.pack
+        ids = [t.id for t in select_tasks(CampaignConfig(pack=pack, split=split, limit=cfg.limit))]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(i + "\n" for i in evenly_spaced(ids, cfg.sample)), encoding="utf-8")
+    return path
+
+
+def train_pack(cfg: DemoConfig) -> str | None:
+    """Where the probe, the pool and training draw their tasks: the pack's train split, or with
+    `candidates_seed` the candidate instances (write_candidates)."""
+    return cfg.pack if cfg.candidates_seed is None else str(candidates_path(cfg))
+
+
+def candidates_path(cfg: DemoConfig) -> Path:
+    return Path(cfg.out) / f"candidates-s{cfg.candidates_seed}-x{cfg.candidates_per_template}"
+
+
+def write_candidates(cfg: DemoConfig) -> Path:
+    """Train instances of the demo pack's templates drawn with `candidates_seed`, none of them equal to
+    an instance of the bundled pack (written once; the same bytes every time). Why: the SFT plateau
+    learnt the bundled train split, so probing it measures what SFT memorised (the plateau solves
+    ~97% of its neobank/dispute instances and ~84% of fresh ones); the recipe probes tasks the
+    policy was not trained on, and so does the demo with this."""
+    from tbhpc.domains.demo.pack import DEMO_SEED, write_demo_pack
+    path = candidates_path(cfg)
+    if not (path / "eval_ids.txt").exists():
+        tmp = path.with_name(path.name + ".tmp")
+        write_demo_pack(tmp, seed=cfg.candidates_seed, train=cfg.candidates_per_template, eval=0, avoid_seed=DEMO_SEED)
+        tmp.replace(path)
     return path
 
 
@@ -79,7 +106,7 @@ def evenly_spaced(ids: list[str], n: int) -> list[str]:
 
 def train_config(cfg: DemoConfig, out: Path, warm: str) -> dict:
     doc = {"name": "demo-train", "model": warm, "pool": str(out / "pool.yaml"), "exclude": eval_ids_file(cfg.pack),
-           "pack": cfg.pack, "seed": cfg.seed, "max_tokens": cfg.max_tokens, "response_budget": cfg.response_budget,
+           "pack": train_pack(cfg), "seed": cfg.seed, "max_tokens": cfg.max_tokens, "response_budget": cfg.response_budget,
            "temperature": cfg.temperature, **TRAIN_DEFAULTS, **cfg.train}
     doc["export_every"] = doc["steps"]
     doc["keep_published"] = max(doc["keep_published"], int(doc.get("max_staleness") or 0) + 1)   # off-policy resumes
@@ -151,7 +178,11 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
     stage("warm start", s)
 
     s = time.perf_counter()
-    console.print(f"[bold]2. probe[/] the warm start on the train split (n = {cfg.probe_repeats})")
+    if cfg.candidates_seed is None:
+        console.print(f"[bold]2. probe[/] the warm start on the train split (n = {cfg.probe_repeats})")
+    else:
+        console.print(f"[bold]2. probe[/] the warm start (n = {cfg.probe_repeats}) on {cfg.candidates_per_template} candidate "
+                      f"instances per template it never trained on ({write_candidates(cfg)})")
     probe_cfg = campaign(cfg, "probe", "probe", "train", cfg.probe_repeats, warm)
     held_out = [t.id for t in select_tasks(probe_cfg) if t.split != "train"]
     if held_out:
@@ -181,7 +212,7 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
         console.print("[bold]4b. baseline[/]: continued SFT of the warm start for the same time")
         policies.append(("eval-sft", sft_baseline(out, warm, out / "pool.yaml", float(tcfg["lr"]),
                                                   grpo_seconds(out / "train"), int(tcfg["seed"]), console, _stream,
-                                                  cfg.pack)))
+                                                  tcfg["pack"], demo_pack=cfg.pack == "demo")))
         stage("sft baseline", s)
 
     s = time.perf_counter()
@@ -226,26 +257,39 @@ def fresh_pack(cfg: DemoConfig, out: Path) -> Path:
 
 def run_training(tcfg: dict, run: Path, console: Console) -> str:
     """`tbhpc train` in a child process (its own DeepSpeed state); resumes a stopped run."""
-    steps = tcfg["steps"]
-    export = run / "exports" / f"step-{steps:06d}"
-    if (export / "config.json").exists():
-        console.print(f"   trained checkpoint: {export} (done)")
-        return str(export)
+    done = final_export(run, tcfg)
+    if done:
+        console.print(f"   trained checkpoint: {done} (done)")
+        return str(done)
     run.parent.mkdir(parents=True, exist_ok=True)
     cfg_file = run.parent / "train.yaml"
     cfg_file.write_text(yaml.safe_dump(tcfg, sort_keys=False), encoding="utf-8")
     env = {**os.environ, "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": str(tcfg.get("torch_threads", 1)),
            "DS_ACCELERATOR": "cpu"}
     _stream([sys.executable, "-m", "tbhpc.cli", "train", str(run), "--config", str(cfg_file)], console, env)
+    done = final_export(run, tcfg)
+    if done is None:
+        raise UserError(f"demo: training finished without an export in {run / 'exports'}")
+    if done.name != f"step-{tcfg['steps']:06d}":
+        console.print(f"   training ended at {done.name} of {tcfg['steps']} steps; evaluating {done}")
+    return str(done)
+
+
+def final_export(run: Path, tcfg: dict) -> Path | None:
+    """The export of a finished run: its last step's, when that is the last planned step or the run
+    ended early (the collapse guard stopped it, or it spent `max_seconds`: the trainer exports then)."""
     from tbhpc.store.run_dir import RunDir
     from tbhpc.train.record import read_steps
-    stops = [r["step"] for r in read_steps(RunDir(run)) if r.get("guard") == "stop"]
-    if stops and not (export / "config.json").exists():      # the collapse guard ended it early: its export
-        export = run / "exports" / f"step-{stops[-1]:06d}"
-        console.print(f"   the collapse guard stopped training at step {stops[-1]}; evaluating {export}")
-    if not (export / "config.json").exists():
-        raise UserError(f"demo: training finished without {export}")
-    return str(export)
+    if not (run / "logs" / "train_steps.jsonl").exists():
+        return None
+    rows = read_steps(RunDir(run))
+    last = max((int(r["step"]) for r in rows), default=0)
+    export = run / "exports" / f"step-{last:06d}"
+    ended_early = any(r.get("guard") == "stop" for r in rows) or (
+        tcfg.get("max_seconds") and sum(r.get("step_s", 0.0) for r in rows) >= tcfg["max_seconds"])
+    if last and (last == tcfg["steps"] or ended_early) and (export / "config.json").exists():
+        return export
+    return None
 
 
 def _stream(cmd: list[str], console: Console, env: dict | None = None) -> None:

@@ -140,7 +140,8 @@ def follow_train(run: Path, jobs: dict[str, str], steps: int, log=print, poll_s:
         if "serve" in jobs:
             cancel_and_wait(jobs["serve"], run)
     done = max((int(r["step"]) for r in read_steps(RunDir(run))), default=0)
-    if done < steps:
+    ended_early = (run / "exports" / f"step-{done:06d}" / "config.json").exists()   # collapse guard, max_seconds
+    if done < steps and not ended_early:
         raise UserError(f"{run}: the trainer job {jobs['train']} ended after step {done} of {steps}; "
                         f"see {run}/logs/slurm/tbhpc-train-*-{jobs['train']}.out")
     return f"{run}: {done} steps done; HF export in {run}/exports/step-{done:06d}"

@@ -38,6 +38,7 @@ class TrainConfig:
     pack: str | None = None               # task pack, or tb:DIR (a ThinkingBox data checkout); None = the bundled pack
     servers: str | None = None            # servers file for MCP tool servers (tb: packs)
     steps: int = 50
+    max_seconds: float = 0.0              # a wall-time budget: the run ends after the step that reaches it (0: off)
     seed: int = 0
     # the batch: B informative groups of G episodes per step
     group_size: int = 8
@@ -139,7 +140,8 @@ class TrainConfig:
             raise UserError(f"train config: field 'betas' must be two numbers in [0, 1), got {self.betas!r}")
         for name, ok, want in (("lr", lambda v: v > 0, "> 0"), ("temperature", lambda v: v > 0, "> 0"),
                                ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"), ("grad_clip", lambda v: v > 0, "> 0"),
-                               ("weight_decay", lambda v: v >= 0, ">= 0"), ("sync_timeout_s", lambda v: v > 0, "> 0")):
+                               ("weight_decay", lambda v: v >= 0, ">= 0"), ("sync_timeout_s", lambda v: v > 0, "> 0"),
+                               ("max_seconds", lambda v: v >= 0, ">= 0 (0: no budget)")):
             v = getattr(self, name)
             if not (_finite(v) and ok(v)):
                 raise UserError(f"train config: field {name!r} must be a finite number {want}, got {v!r}")

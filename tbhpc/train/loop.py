@@ -93,6 +93,8 @@ class Trainer:
                                   min_group_std=cfg.min_group_std)
         self.guard = CollapseGuard(cfg.guard_length, cfg.guard_entropy, cfg.guard_window, cfg.guard_reference or None)
         self.lr_scale, self.stopped = 1.0, ""
+        self.elapsed_s = self.spent_s = 0.0      # wall time of the finished steps / up to this step's update (resumes included)
+        self.out_of_time = False                 # max_seconds reached: the run ends after this step
         self.tb = _tensorboard(self.run_path) if cfg.tensorboard and self.rank0 else None
 
     # ---- generation side -------------------------------------------------------------------
@@ -171,6 +173,10 @@ class Trainer:
             if self.rank0:
                 self.log(f"train: this run was stopped by the collapse guard at step {start - 1} ({self.stopped})")
             return start - 1
+        if self.out_of_time:
+            if self.rank0:
+                self.log(f"train: this run spent its time budget ({self.cfg.max_seconds:g} s) at step {start - 1}")
+            return start - 1
         if start > 1 and published(self.run_path, start - 1) is None:
             self._publish(start - 1)          # saved but never published (stopped in between)
         ahead = Ahead.started(self._rollouts, start) if self.cfg.max_staleness and start <= self.cfg.steps else None
@@ -185,7 +191,7 @@ class Trainer:
                 ahead = Ahead.started(self._rollouts, step + 1) if self.cfg.max_staleness and step < self.cfg.steps else None
                 self._learn(step, ro, wait_s, t_free)
                 t_free = time.monotonic()
-                if self.stopped:
+                if self.stopped or self.out_of_time:
                     return step
                 if self._agree_to_stop():
                     nxt = f"; the rollouts of step {step + 1} are redrawn on resume" if ahead else ""
@@ -225,8 +231,9 @@ class Trainer:
                                       getattr(self.eng.module.config, "_attn_implementation", None))
             stats = self.eng.update(pack(episodes, adv, budget, seq_weights=cfg.loss_agg == "seq-mean-token-mean"))
         update_s, t_updated = time.monotonic() - t0, time.time()
+        self._check_budget(step, time.monotonic() - t_free)
         t0 = time.monotonic()
-        if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+        if step % cfg.checkpoint_every == 0 or step == cfg.steps or self.out_of_time:
             self._checkpoint(step)
         self._publish(step)
         publish_s = time.monotonic() - t0
@@ -234,6 +241,7 @@ class Trainer:
                        step_s=time.monotonic() - t_free, wait_s=wait_s)
         stamps = dict(rollout_start=ro.started, rollout_end=ro.ended, update_start=t_update, update_end=t_updated,
                       published=time.time())
+        self.elapsed_s += timings["step_s"]
         row = self._step_row(step, ro.outcomes, cutoff, stats, timings, stamps)
         row.update(gen_tokens=health.length, entropy=health.entropy, overlong=health.overlong / max(health.episodes, 1),
                    filtered=int(self.eng.all_reduce([filtered])[0]), guard=action,
@@ -298,9 +306,22 @@ class Trainer:
                 f"{good}" + ("" if stop else f", lr now {self.cfg.lr * self.lr_scale:.3g}"))
         return UpdateStats(), "stop" if stop else "rollback"
 
+    def _check_budget(self, step: int, step_so_far: float) -> None:
+        """max_seconds: the run ends after the step during which its wall time reached the budget
+        (every rank agrees: the largest clock decides); that step is checkpointed and exported."""
+        spent = self.spent_s = self.elapsed_s + step_so_far      # saved in the checkpoint (a resume counts on from it)
+        if not self.cfg.max_seconds or self.stopped:
+            return
+        self.out_of_time = bool(self.eng.all_reduce([1.0 if spent >= self.cfg.max_seconds else 0.0], "max")[0])
+        if self.out_of_time and self.rank0:
+            self.log(f"train: time budget {self.cfg.max_seconds:g} s reached at step {step} ({spent:.0f} s); "
+                     f"ending here (of {self.cfg.steps} steps)")
+
     def _restore_stability(self, client: dict) -> None:
         self.guard.restore(client.get("guard"))
         self.lr_scale, self.stopped = float(client.get("lr_scale", 1.0)), str(client.get("stopped", ""))
+        self.elapsed_s = float(client.get("elapsed_s", 0.0))
+        self.out_of_time = bool(self.cfg.max_seconds) and self.elapsed_s >= self.cfg.max_seconds
         if self.lr_scale != 1.0:
             self.eng.set_lr(self.cfg.lr * self.lr_scale)
 
@@ -326,7 +347,8 @@ class Trainer:
     def _checkpoint(self, step: int) -> None:
         d = self.run_path / "ds_checkpoints"
         self.eng.save(str(d), version_name(step), {"step": step, "seed": self.cfg.seed, "guard": self.guard.state(),
-                                                   "lr_scale": self.lr_scale, "stopped": self.stopped})
+                                                   "lr_scale": self.lr_scale, "stopped": self.stopped,
+                                                   "elapsed_s": self.spent_s})
         if self.rank0:
             tags = sorted(p for p in d.glob("step-*") if p.is_dir())
             for old in tags[:-self.cfg.keep_checkpoints]:
@@ -345,7 +367,8 @@ class Trainer:
             path = write_checkpoint(self.run_path, step, self.eng.module, self.eng.tokenizer, state_dict=sd)
             mark_ready(self.run_path, step, path, fp, digests)
             self._prune_published(step)
-            if (self.cfg.export_every and step % self.cfg.export_every == 0) or step == self.cfg.steps or self.stopped:
+            if ((self.cfg.export_every and step % self.cfg.export_every == 0) or step == self.cfg.steps or self.stopped
+                    or self.out_of_time):
                 dest = self.run_path / "exports" / version_name(step)
                 shutil.rmtree(dest, ignore_errors=True)
                 shutil.copytree(path, dest)

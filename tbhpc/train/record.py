@@ -32,7 +32,7 @@ from tbhpc.store.run_dir import RunDir
 from tbhpc.train.config import TrainConfig
 
 # fields that say how a run executes, not what it learns: they may change when a run resumes
-EXECUTION_FIELDS = ("steps", "episodes_in_flight", "microbatch_tokens", "torch_threads", "checkpoint_every",
+EXECUTION_FIELDS = ("steps", "max_seconds", "episodes_in_flight", "microbatch_tokens", "torch_threads", "checkpoint_every",
                     "keep_checkpoints", "keep_published", "export_every", "export_eval", "export_eval_overrides",
                     "sync_timeout_s", "tensorboard", "nodes", "gpus_per_node", "serve_config", "serve", "slurm")
 

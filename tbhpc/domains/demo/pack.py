@@ -62,20 +62,25 @@ def fingerprint(case: Case) -> str:
 
 
 def demo_instances(seed: int = DEMO_SEED, train: int = TRAIN_PER_TEMPLATE, eval: int = EVAL_PER_TEMPLATE,
-                   domains: tuple[str, ...] = DEMO_DOMAIN_NAMES) -> list[Instance]:
+                   domains: tuple[str, ...] = DEMO_DOMAIN_NAMES, avoid_seed: int | None = None) -> list[Instance]:
+    """Every template's train then eval instances. `avoid_seed`: none of them repeats an instance of
+    the pack drawn with that seed (at its full size): instances a model trained on that pack never saw."""
     out = []
     for domain in domains:
         for template in module(domain).TEMPLATES:
             seen: set[str] = set()
+            if avoid_seed is not None:
+                for split, n in (("train", TRAIN_PER_TEMPLATE), ("eval", EVAL_PER_TEMPLATE)):
+                    template_instances(domain, template, split, n, avoid_seed, seen)
             out += template_instances(domain, template, "train", train, seed, seen)
             out += template_instances(domain, template, "eval", eval, seed, seen)
     return out
 
 
 def write_demo_pack(out: Path, seed: int = DEMO_SEED, train: int = TRAIN_PER_TEMPLATE,
-                    eval: int = EVAL_PER_TEMPLATE) -> dict[str, int]:
+                    eval: int = EVAL_PER_TEMPLATE, avoid_seed: int | None = None) -> dict[str, int]:
     """One YAML per domain + eval_ids.txt; every task's golden calls replayed first."""
-    instances = demo_instances(seed, train, eval)
+    instances = demo_instances(seed, train, eval, avoid_seed=avoid_seed)
     for inst in instances:
         check_task(inst.task)
     out = Path(out)
