@@ -18,6 +18,7 @@ if __name__ == "__main__" or os.path.basename(sys.argv[0] or "") == "tbhpc":
     signal.signal(signal.SIGINT, _interrupted_while_starting)
 
 import argparse  # noqa: E402
+import errno  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -27,6 +28,10 @@ from tbhpc.crash import EXIT_INTERNAL, crash_line  # noqa: E402
 from tbhpc.errors import TbhpcError, UserError  # noqa: E402
 from tbhpc.interrupts import EXIT_INTERRUPTED  # noqa: E402
 from tbhpc.outpaths import out_arg  # noqa: E402
+
+# OSErrors that say something about the user's paths or disk, not about tbhpc: one line, exit 2
+ENVIRONMENT_ERRNOS = {errno.ENAMETOOLONG, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+                      errno.ENOTDIR, errno.EISDIR, errno.ELOOP}
 
 
 def _opts(pairs: list[str]) -> dict[str, Any]:
@@ -183,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
         from tbhpc.store.health import damage_error, is_damage
         if is_damage(exc):       # DuckDB found a damaged block in the middle of a command
             print(f"tbhpc: error: {damage_error(exc)}", file=sys.stderr)
+            return 2
+        if isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS:   # the path or the disk, not a bug
+            from tbhpc.outpaths import short
+            where = f"{short(str(exc.filename))}: " if exc.filename else ""
+            print(f"tbhpc: error: {where}{exc.strerror or exc}", file=sys.stderr)
             return 2
         if os.environ.get("TBHPC_TRACEBACK"):
             raise

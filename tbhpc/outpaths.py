@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 from pathlib import Path
 
 from tbhpc.errors import UserError
@@ -25,7 +26,7 @@ OWNED: dict[str, tuple[str, ...]] = {
               "merges.txt", "special_tokens_map.json", "chat_template.jinja", "added_tokens.json", "*.txt", "*.json",
               "logs"),
     "demo": ("demo.json", "pool.yaml", "pool.manifest.json", "train.yaml", "report", "probe-report", "probe", "train",
-             "eval-*", "fresh-*", "sft-baseline", "sample-*.txt"),
+             "eval-*", "fresh-*", "sft-baseline", "sample-*.txt", "candidates-*"),
     # a run directory (tbhpc.store.run_dir) and what `tbhpc submit` writes into it before the first merge
     "run": ("config.yaml", "config.hash", "campaign.json", "plan.jsonl", "tasks.json", "shards", "blobs", "logs",
             "results.duckdb", "results.duckdb.wal", "results.duckdb.damaged-*", "results.duckdb.tmp", ".merge.lock",
@@ -40,11 +41,49 @@ CAMPAIGN_KINDS = {"probe", "eval"}
 
 
 def out_arg(text: str) -> Path:
-    """argparse `type=` for output paths: an empty or blank value is an error (Path('') is '.')."""
+    """argparse `type=` for output paths: an empty or blank value is an error (Path('') is '.'), and
+    so is a path the file system cannot hold."""
     import argparse
     if not text.strip():
         raise argparse.ArgumentTypeError("an empty path (it would mean the current directory); name a folder")
+    try:
+        check_path_fits(Path(text), "")
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc).strip()) from None
     return Path(text)
+
+
+def short(text: str, keep: int = 24) -> str:
+    """A name cut for a one-line message."""
+    return text if len(text) <= 2 * keep else f"{text[:keep]}...{text[-8:]} ({len(text)} characters)"
+
+
+def _name_max(path: Path) -> int:
+    """NAME_MAX of the file system the path would be on (its nearest existing folder)."""
+    for parent in path.absolute().parents:
+        try:
+            if parent.is_dir():
+                return os.pathconf(parent, "PC_NAME_MAX")
+        except (OSError, ValueError):
+            continue
+    return 255
+
+
+def check_path_fits(path: Path, flag: str) -> Path:
+    """A path the file system can hold: no NUL byte, every name within its NAME_MAX bytes, the whole
+    within PATH_MAX (else the first write would fail half-way with ENAMETOOLONG)."""
+    text = str(path)
+    lead = f"{flag} " if flag else ""
+    if "\0" in text:
+        raise UserError(f"{lead}{short(text)!r}: a path cannot hold a NUL byte")
+    limit = _name_max(path)
+    for part in path.parts:
+        if len(os.fsencode(part)) > limit:
+            raise UserError(f"{lead}{short(text)}: the name {short(part)} is longer than this file system allows "
+                            f"({limit} bytes)")
+    if len(os.fsencode(str(path.absolute()))) >= 4096:
+        raise UserError(f"{lead}{short(text)}: the path is longer than the system allows (4096 bytes)")
+    return path
 
 
 def _foreign(folder: Path, kind: str) -> list[str]:
@@ -63,6 +102,7 @@ def _parents_are_folders(path: Path, flag: str) -> None:
 
 
 def _not_a_folder(path: Path, flag: str) -> None:
+    check_path_fits(path, flag)
     if path.exists() and not path.is_dir():
         raise UserError(f"{flag} {path}: is a file, not a folder")
     _parents_are_folders(path, flag)
@@ -100,6 +140,7 @@ def check_run_folder(path: Path, kind: str | None = None, flag: str = "--out") -
 
 def check_output_file(path: Path, is_ours, flag: str = "--out", force: bool = False) -> Path:
     """A file to (re)write: missing, or one `is_ours(path)` recognises as this command's output."""
+    check_path_fits(path, flag)
     if path.is_dir():
         raise UserError(f"{flag} {path}: is a folder, not a file")
     _parents_are_folders(path, flag)

@@ -234,6 +234,17 @@ CASES = [
     ("show-missing-task", ["show", RUNS, "no-such-task"], 2, ["no-such-task"]),
     ("mcp-serve-domain", ["mcp-serve", "--domain", "retial"], 2, ["retial", "retail"]),
     ("tasks-list-domain", ["tasks", "list", "--domain", "retial"], 2, ["--domain", "retial", "retail"]),
+    # 10. a run directory of another kind, and paths the file system cannot hold (issue 42)
+    ("submit-dry-run-probe-as-eval", ["submit", "eval", "--out", "probe", "--dry-run", "limit=6", "repeats=4"], 2,
+     ["probe", "kind probe, not eval"]),
+    ("submit-dry-run-changed", ["submit", "eval", "--out", RUNS, "--dry-run", "limit=5", "repeats=2"], 2,
+     [RUNS, "different campaign", "'limit'"]),
+    ("submit-dry-run-train-on-eval", ["submit", "train", "--out", RUNS, "--dry-run", "model=folder", "pool=mypack.yaml"], 2,
+     [RUNS, "kind 'eval', not 'train'"]),
+    ("out-name-too-long", ["eval", "--out", "new/" + "x" * 300, "limit=1"], 2, ["--out", "300 characters", "255 bytes"]),
+    ("report-name-too-long", ["report", RUNS, "--out", "x" * 300], 2, ["300 characters"]),
+    ("demo-out-too-long", ["demo", "out=" + "x" * 300, "quick=true"], 2, ["'out'", "300 characters"]),
+    ("pool-out-too-long", ["select", "probe", "--out", "x" * 300 + ".yaml"], 2, ["--out", "305 characters"]),
     ("unknown-command", ["evaluate"], 2, ["invalid choice: 'evaluate'"]),
 ]
 

@@ -54,16 +54,7 @@ def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict], list]:
     run = RunDir(Path(out))
     rows = plan_rows(tasks, cfg.repeats)
     if run.exists():
-        if run.config_hash() != chash:
-            old = yaml.safe_load(run.config_file.read_text(encoding="utf-8")) or {}
-            diffs = sorted((k for k, v in cfg.identity().items() if old.get(k, v) != v and k != "policy_id"),
-                           key=lambda k: k != "kind")    # another kind of campaign says so first
-            old_pid, new_pid = run.campaign().get("policy_id"), cfg.resolved_policy_id
-            what = (f"kind {old['kind']}, not {cfg.kind}" if diffs and diffs[0] == "kind" else
-                    f"field {diffs[0]!r} differs" if diffs else
-                    f"policy {old_pid!r} is now {new_pid!r} (the served weights changed?)" if old_pid != new_pid else
-                    "the task pack changed")
-            raise UserError(f"{run.path}: holds a different campaign ({what}); use a new --out directory")
+        check_same_campaign(run, cfg, chash)
         preflight(tasks, cfg.servers)      # after the cheap checks: a refused resume starts no server
         return run, rows, tasks
     preflight(tasks, cfg.servers)
@@ -72,6 +63,23 @@ def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict], list]:
                 "source": "tbhpc"}
     run.create(resolved(cfg), chash, campaign, rows, [t.to_dict() for t in tasks])
     return run, rows, tasks
+
+
+def check_same_campaign(run: RunDir, cfg: CampaignConfig, chash: str | None = None) -> None:
+    """An existing run resumed with `cfg` must hold the same campaign (kind, fields, policy, pack);
+    read-only, so `submit --dry-run` says it too."""
+    chash = chash or identity_hash(cfg, pack_hash(pack_path(cfg)))
+    if run.config_hash() == chash:
+        return
+    old = yaml.safe_load(run.config_file.read_text(encoding="utf-8")) or {}
+    diffs = sorted((k for k, v in cfg.identity().items() if old.get(k, v) != v and k != "policy_id"),
+                   key=lambda k: k != "kind")    # another kind of campaign says so first
+    old_pid, new_pid = run.campaign().get("policy_id"), cfg.resolved_policy_id
+    what = (f"kind {old['kind']}, not {cfg.kind}" if diffs and diffs[0] == "kind" else
+            f"field {diffs[0]!r} differs" if diffs else
+            f"policy {old_pid!r} is now {new_pid!r} (the served weights changed?)" if old_pid != new_pid else
+            "the task pack changed")
+    raise UserError(f"{run.path}: holds a different campaign ({what}); use a new --out directory")
 
 
 def _log(run: RunDir, line: str) -> None:

@@ -69,7 +69,12 @@ def submit_campaign(cfg, out: Path, dry_run: bool = False, client: SlurmClient |
     run_path = Path(out).resolve()
     workdir = workdir or os.getcwd()
     if dry_run:  # touch nothing: plan as if the run were new (or resume it read-only)
+        from tbhpc.campaign.runner import check_same_campaign
+        from tbhpc.outpaths import check_run_folder
+        check_run_folder(Path(out), cfg.kind)
         run = RunDir(run_path)
+        if run.exists():
+            check_same_campaign(run, cfg)
         if run.exists() and run.db.exists():
             keys, _ = pending_keys(run, run.plan())
         else:
