@@ -60,6 +60,81 @@ def exact_sql() -> str:
     ])
 
 
+# The reference's types as json_group_structure names them: a leaf is the set of type names a field
+# may have over the whole file (JSON null never changes a structure); "NULL" alone: only nulls seen.
+_BOOL, _STR = {"BOOLEAN"}, {"VARCHAR"}
+_COUNT = {"UBIGINT"}                           # a negative count makes it BIGINT, a fraction DOUBLE
+
+
+class Loose(dict):
+    """An object whose fields are checked when it is one; any other value counts as absent (the
+    reference reads `usage[].*_tokens_details.*` that way, and so does `type_problem`)."""
+
+
+_USAGE_ENTRY = {"input_tokens": _COUNT, "output_tokens": _COUNT, "input_tokens_details": Loose(cached_tokens=_COUNT),
+                "output_tokens_details": Loose(reasoning_tokens=_COUNT)}
+EXACT_STRUCTURE = {
+    "is_system_error": _BOOL, "finish_reason": _STR, "error": _STR,
+    "test_result": {"result": _BOOL, "is_system_error": _BOOL, "reward": {"UBIGINT", "BIGINT", "DOUBLE"},
+                    "error": _STR, "tb": _STR},
+    "usage": [_USAGE_ENTRY],
+    "metadata": {"scenario": _STR, "error": _STR},
+}
+
+
+def fits(have, want) -> bool:
+    """Whether a json_group_structure value `have` (parsed) admits only the types `want` allows."""
+    if have is None or have == "NULL":
+        return True
+    if isinstance(want, set):
+        return isinstance(have, str) and have in want
+    if isinstance(want, Loose) and not isinstance(have, dict):
+        return have != "JSON"          # scalars or lists only (JSON: an object mixed with something else)
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(fits(have.get(k), w) for k, w in want.items())
+    return isinstance(have, list) and all(fits(h, want[0]) for h in have)
+
+
+def file_structure(files: list[Path], max_line_bytes: int) -> tuple[int, dict] | None:
+    """(lines without a non-empty string uid, {field: its json_group_structure over all lines,
+    parsed}) from one aggregate scan; None when DuckDB cannot read the files as JSON."""
+    fields = ("uid", *EXACT_STRUCTURE)
+    cols = "{" + ", ".join(f"'{c}': 'JSON'" for c in fields) + "}"
+    scan = (f"read_json({literal_list(files)}, format='newline_delimited', columns={cols}, "
+            f"maximum_object_size={max_line_bytes})")
+    aggs = ", ".join(f"json_group_structure({c})" for c in EXACT_STRUCTURE)
+    with duckdb.connect(":memory:") as con:
+        con.execute("SET threads = 2")
+        try:
+            bad_uid, *structures = con.execute(
+                f"SELECT count(*) FILTER (WHERE json_type(uid) IS DISTINCT FROM 'VARCHAR' OR (uid ->> '$') = ''), "
+                f"{aggs} FROM {scan}").fetchone()
+        except duckdb.Error:
+            return None
+    return int(bad_uid), {k: json.loads(v) if v is not None else None for k, v in zip(EXACT_STRUCTURE, structures)}
+
+
+def all_exact(files: list[Path], max_line_bytes: int) -> bool | None:
+    """Whether every line has the reference's types, from the type structure of each field across
+    all lines (file_structure: a JSON parse per field and line, where `count_inexact` checks each
+    line field by field, ~20 parses). False says only that some line may not (an object and
+    another value in one place across lines also gives False): `count_inexact` then counts them
+    exactly. None: DuckDB cannot read the files as JSON."""
+    got = file_structure(files, max_line_bytes)
+    if got is None:
+        return None
+    bad_uid, structures = got
+    if bad_uid:
+        return False
+    for name, want in EXACT_STRUCTURE.items():
+        have = structures[name]
+        if name == "usage" and isinstance(have, dict):       # usage as one object on every line
+            have = [have]
+        if not fits(have, want):
+            return False
+    return True
+
+
 def count_inexact(files: list[Path], max_line_bytes: int) -> int | None:
     """Lines whose fields are not of the reference's types; None when DuckDB cannot read them
     as JSON at all (the line-by-line scan then says why)."""
