@@ -119,7 +119,9 @@ def write_results(out: Path, cfg, console: Console) -> dict:
     steps = read_steps(RunDir(out / "train"))
     images = [plots.train_curves(steps, report / "train_curves.png")] if steps else []
     runs = [("warm start", wc), ("trained", tc)]
-    images += [plots.domain_bars(runs, report / "domains.png"), plots.k_curves(runs, report / "k_curves.png")]
+    sft_run = RunDir(out / "eval-sft")       # the continued-SFT baseline on the same plot, when there is one
+    k_runs = runs + ([("continued SFT", load_counts(sft_run))] if cfg.sft_baseline and sft_run.db.exists() else [])
+    images += [plots.domain_bars(runs, report / "domains.png"), plots.k_curves(k_runs, report / "k_curves.png")]
     t1 = table1_markdown(ws, ts, cmp, k)
     d1 = cmp["metrics"]["pass@1"]
     verdict = ("the trained checkpoint beats the warm start (pass@1 interval excludes 0)" if d1["lo"] > 0 else
