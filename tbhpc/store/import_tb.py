@@ -42,7 +42,7 @@ from tbhpc.store.run_dir import RunDir
 from tbhpc.store.schema import DDL, ROLES, SHARD_COLUMNS
 from tbhpc.store.sqltext import literal, literal_list
 from tbhpc.store.tb_transcripts import write_reduced
-from tbhpc.store.tb_types import all_exact, count_inexact, count_inexact_python, first_inexact_line, parsed_lines
+from tbhpc.store.tb_types import count_inexact, count_inexact_python, first_inexact_line, parsed_lines
 
 MEMORY_LIMIT = "128MB"     # DuckDB's own budget; spills to the temp directory beyond it
 BAD = "!malformed"         # shard value of a row that failed the field checks (never lands: the import stops)
@@ -187,8 +187,7 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
     for f in files:
         if not Path(f).is_file():
             raise UserError(f"{f}: cannot read: no such file")
-    exact = all_exact(files, MAX_LINE_BYTES)          # one aggregate; the per-line count only when it says no
-    inexact = 0 if exact else count_inexact(files, MAX_LINE_BYTES)
+    inexact = count_inexact(files, MAX_LINE_BYTES)
     coerced = 0
     if inexact != 0:
         problem = first_inexact_line(files)

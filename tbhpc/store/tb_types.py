@@ -23,116 +23,52 @@ TOKEN_FIELDS = ("input_tokens", "output_tokens", "input_tokens_details.cached_to
 _INT = ("UBIGINT", "BIGINT")
 
 
-def _bool_or_null(expr: str, path: str = "$") -> str:
-    return f"coalesce(json_type({expr}, '{path}') IN ('BOOLEAN', 'NULL'), true)"
+def _types_in(expr: str, paths: list[str], allowed: list[tuple[str, ...]]) -> str:
+    """Every one of `paths` in the object `expr` absent, null or of its allowed JSON types: one
+    json_type call with a list of paths (one parse of the object, not one per field)."""
+    want = "[" + ", ".join("[" + ", ".join(f"'{t}'" for t in a) + "]" for a in allowed) + "]"
+    got = f"json_type({expr}, [{', '.join(repr(p) for p in paths)}])"
+    return f"list_bool_and(list_transform(list_zip({got}, {want}), p -> p[1] IS NULL OR p[1] = 'NULL' OR list_contains(p[2], p[1])))"
 
 
-def _str_or_null(expr: str, path: str = "$") -> str:
-    return f"coalesce(json_type({expr}, '{path}') IN ('VARCHAR', 'NULL'), true)"
+def _scalar_in(expr: str, *allowed: str) -> str:
+    return f"coalesce(json_type({expr}) IN ({', '.join(repr(a) for a in (*allowed, 'NULL'))}), true)"
+
+
+_USAGE_ENTRY = ('[{"input_tokens": "JSON", "output_tokens": "JSON", "input_tokens_details": {"cached_tokens": "JSON"}, '
+                '"output_tokens_details": {"reasoning_tokens": "JSON"}}]')
+
+
+def _count_ok(v: str) -> str:
+    """A non-negative integer, null or absent: json_type says UBIGINT for every integer >= 0 and BIGINT
+    only below 0 (no cast: DuckDB evaluates both sides of an AND, and a cast of "yes" would fail)."""
+    return f"coalesce(json_type({v}) IN ('UBIGINT', 'NULL'), true)"
 
 
 def _tokens_ok(usage: str) -> str:
-    """Every token count of every usage entry a non-negative integer (or absent/null)."""
+    """Every usage entry an object and every token count in it a non-negative integer (or absent or
+    null; a *_details that is not an object counts as absent, as the reference reads it). The
+    entries are parsed once into structs of JSON values."""
     arr = f"(CASE json_type({usage}) WHEN 'OBJECT' THEN json_array({usage}) ELSE {usage} END)"
-    checks = []
-    for field in TOKEN_FIELDS:
-        values = f"json_extract({arr}, '$[*].{field}')"
-        checks.append(f"coalesce(list_bool_and(list_transform({values}, v -> json_type(v) = 'NULL' OR "
-                      f"(json_type(v) IN ('UBIGINT', 'BIGINT') AND v::BIGINT >= 0))), true)")
     entries = f"coalesce(list_bool_and(list_transform(json_extract({arr}, '$[*]'), e -> json_type(e) = 'OBJECT')), true)"
-    return f"({entries} AND {' AND '.join(checks)})"
+    counts = " AND ".join(_count_ok(f"e.{f}") for f in TOKEN_FIELDS)
+    return f"({entries} AND coalesce(list_bool_and(list_transform(json_transform({arr}, '{_USAGE_ENTRY}'), e -> {counts})), true))"
 
 
 def exact_sql() -> str:
     """A boolean SQL expression over the JSON columns uid, is_system_error, test_result, usage,
     metadata, finish_reason, error: the line has the reference's types."""
-    tr = "test_result"
+    tr, md = "test_result", "metadata"
     return " AND ".join([
         "json_type(uid) = 'VARCHAR' AND (uid ->> '$') <> ''",
-        _bool_or_null("is_system_error"), _str_or_null("finish_reason"), _str_or_null("error"),
-        f"({tr} IS NULL OR json_type({tr}) = 'NULL' OR (json_type({tr}) = 'OBJECT' AND {_bool_or_null(tr, '$.result')} "
-        f"AND {_bool_or_null(tr, '$.is_system_error')} AND {_str_or_null(tr, '$.error')} AND {_str_or_null(tr, '$.tb')} "
-        f"AND coalesce(json_type({tr}, '$.reward') IN ('UBIGINT', 'BIGINT', 'DOUBLE', 'NULL'), true)))",
+        _scalar_in("is_system_error", "BOOLEAN"), _scalar_in("finish_reason", "VARCHAR"), _scalar_in("error", "VARCHAR"),
+        f"({tr} IS NULL OR json_type({tr}) = 'NULL' OR (json_type({tr}) = 'OBJECT' AND "
+        f"{_types_in(tr, ['$.result', '$.is_system_error', '$.error', '$.tb', '$.reward'], [('BOOLEAN',), ('BOOLEAN',), ('VARCHAR',), ('VARCHAR',), ('UBIGINT', 'BIGINT', 'DOUBLE')])}))",
         "(usage IS NULL OR json_type(usage) = 'NULL' OR (json_type(usage) IN ('ARRAY', 'OBJECT') AND "
         f"{_tokens_ok('usage')}))",
-        "(metadata IS NULL OR json_type(metadata) = 'NULL' OR (json_type(metadata) = 'OBJECT' AND "
-        f"{_str_or_null('metadata', '$.scenario')} AND {_str_or_null('metadata', '$.error')}))",
+        f"({md} IS NULL OR json_type({md}) = 'NULL' OR (json_type({md}) = 'OBJECT' AND "
+        f"{_types_in(md, ['$.scenario', '$.error'], [('VARCHAR',), ('VARCHAR',)])}))",
     ])
-
-
-# The reference's types as json_group_structure names them: a leaf is the set of type names a field
-# may have over the whole file (JSON null never changes a structure); "NULL" alone: only nulls seen.
-_BOOL, _STR = {"BOOLEAN"}, {"VARCHAR"}
-_COUNT = {"UBIGINT"}                           # a negative count makes it BIGINT, a fraction DOUBLE
-
-
-class Loose(dict):
-    """An object whose fields are checked when it is one; any other value counts as absent (the
-    reference reads `usage[].*_tokens_details.*` that way, and so does `type_problem`)."""
-
-
-_USAGE_ENTRY = {"input_tokens": _COUNT, "output_tokens": _COUNT, "input_tokens_details": Loose(cached_tokens=_COUNT),
-                "output_tokens_details": Loose(reasoning_tokens=_COUNT)}
-EXACT_STRUCTURE = {
-    "is_system_error": _BOOL, "finish_reason": _STR, "error": _STR,
-    "test_result": {"result": _BOOL, "is_system_error": _BOOL, "reward": {"UBIGINT", "BIGINT", "DOUBLE"},
-                    "error": _STR, "tb": _STR},
-    "usage": [_USAGE_ENTRY],
-    "metadata": {"scenario": _STR, "error": _STR},
-}
-
-
-def fits(have, want) -> bool:
-    """Whether a json_group_structure value `have` (parsed) admits only the types `want` allows."""
-    if have is None or have == "NULL":
-        return True
-    if isinstance(want, set):
-        return isinstance(have, str) and have in want
-    if isinstance(want, Loose) and not isinstance(have, dict):
-        return have != "JSON"          # scalars or lists only (JSON: an object mixed with something else)
-    if isinstance(want, dict):
-        return isinstance(have, dict) and all(fits(have.get(k), w) for k, w in want.items())
-    return isinstance(have, list) and all(fits(h, want[0]) for h in have)
-
-
-def file_structure(files: list[Path], max_line_bytes: int) -> tuple[int, dict] | None:
-    """(lines without a non-empty string uid, {field: its json_group_structure over all lines,
-    parsed}) from one aggregate scan; None when DuckDB cannot read the files as JSON."""
-    fields = ("uid", *EXACT_STRUCTURE)
-    cols = "{" + ", ".join(f"'{c}': 'JSON'" for c in fields) + "}"
-    scan = (f"read_json({literal_list(files)}, format='newline_delimited', columns={cols}, "
-            f"maximum_object_size={max_line_bytes})")
-    aggs = ", ".join(f"json_group_structure({c})" for c in EXACT_STRUCTURE)
-    with duckdb.connect(":memory:") as con:
-        con.execute("SET threads = 2")
-        try:
-            bad_uid, *structures = con.execute(
-                f"SELECT count(*) FILTER (WHERE json_type(uid) IS DISTINCT FROM 'VARCHAR' OR (uid ->> '$') = ''), "
-                f"{aggs} FROM {scan}").fetchone()
-        except duckdb.Error:
-            return None
-    return int(bad_uid), {k: json.loads(v) if v is not None else None for k, v in zip(EXACT_STRUCTURE, structures)}
-
-
-def all_exact(files: list[Path], max_line_bytes: int) -> bool | None:
-    """Whether every line has the reference's types, from the type structure of each field across
-    all lines (file_structure: a JSON parse per field and line, where `count_inexact` checks each
-    line field by field, ~20 parses). False says only that some line may not (an object and
-    another value in one place across lines also gives False): `count_inexact` then counts them
-    exactly. None: DuckDB cannot read the files as JSON."""
-    got = file_structure(files, max_line_bytes)
-    if got is None:
-        return None
-    bad_uid, structures = got
-    if bad_uid:
-        return False
-    for name, want in EXACT_STRUCTURE.items():
-        have = structures[name]
-        if name == "usage" and isinstance(have, dict):       # usage as one object on every line
-            have = [have]
-        if not fits(have, want):
-            return False
-    return True
 
 
 def count_inexact(files: list[Path], max_line_bytes: int) -> int | None:
