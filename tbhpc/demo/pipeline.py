@@ -75,8 +75,9 @@ def sample_file(cfg: DemoConfig, split: str) -> Path:
 
 def train_pack(cfg: DemoConfig) -> str | None:
     """Where the probe, the pool and training draw their tasks: the pack's train split, or with
-    `candidates_seed` the candidate instances (write_candidates)."""
-    return cfg.pack if cfg.candidates_seed is None else str(candidates_path(cfg))
+    `candidates_seed` the candidate instances (write_candidates; not in quick mode, which has no model
+    that was trained on anything)."""
+    return cfg.pack if cfg.candidates_seed is None or cfg.quick else str(candidates_path(cfg))
 
 
 def candidates_path(cfg: DemoConfig) -> Path:
