@@ -20,7 +20,6 @@ from tbhpc.store.sqltext import literal_list
 
 TOKEN_FIELDS = ("input_tokens", "output_tokens", "input_tokens_details.cached_tokens",
                 "output_tokens_details.reasoning_tokens")
-_INT = ("UBIGINT", "BIGINT")
 
 
 def _types_in(expr: str, paths: list[str], allowed: list[tuple[str, ...]]) -> str:
@@ -55,6 +54,9 @@ def _tokens_ok(usage: str) -> str:
     return f"({entries} AND coalesce(list_bool_and(list_transform(json_transform({arr}, '{_USAGE_ENTRY}'), e -> {counts})), true))"
 
 
+_TEST_RESULT = [("BOOLEAN",), ("BOOLEAN",), ("VARCHAR",), ("VARCHAR",), ("UBIGINT", "BIGINT", "DOUBLE")]
+
+
 def exact_sql() -> str:
     """A boolean SQL expression over the JSON columns uid, is_system_error, test_result, usage,
     metadata, finish_reason, error: the line has the reference's types."""
@@ -63,7 +65,7 @@ def exact_sql() -> str:
         "json_type(uid) = 'VARCHAR' AND (uid ->> '$') <> ''",
         _scalar_in("is_system_error", "BOOLEAN"), _scalar_in("finish_reason", "VARCHAR"), _scalar_in("error", "VARCHAR"),
         f"({tr} IS NULL OR json_type({tr}) = 'NULL' OR (json_type({tr}) = 'OBJECT' AND "
-        f"{_types_in(tr, ['$.result', '$.is_system_error', '$.error', '$.tb', '$.reward'], [('BOOLEAN',), ('BOOLEAN',), ('VARCHAR',), ('VARCHAR',), ('UBIGINT', 'BIGINT', 'DOUBLE')])}))",
+        f"{_types_in(tr, ['$.result', '$.is_system_error', '$.error', '$.tb', '$.reward'], _TEST_RESULT)}))",
         "(usage IS NULL OR json_type(usage) = 'NULL' OR (json_type(usage) IN ('ARRAY', 'OBJECT') AND "
         f"{_tokens_ok('usage')}))",
         f"({md} IS NULL OR json_type({md}) = 'NULL' OR (json_type({md}) = 'OBJECT' AND "
