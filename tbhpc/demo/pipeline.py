@@ -182,8 +182,9 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
     if cfg.candidates_seed is None:
         console.print(f"[bold]2. probe[/] the warm start on the train split (n = {cfg.probe_repeats})")
     else:
+        candidates = write_candidates(cfg)
         console.print(f"[bold]2. probe[/] the warm start (n = {cfg.probe_repeats}) on {cfg.candidates_per_template} candidate "
-                      f"instances per template it never trained on ({write_candidates(cfg)})")
+                      f"instances per template it never trained on ({candidates})")
     probe_cfg = campaign(cfg, "probe", "probe", "train", cfg.probe_repeats, warm)
     held_out = [t.id for t in select_tasks(probe_cfg) if t.split != "train"]
     if held_out:
@@ -277,20 +278,16 @@ def run_training(tcfg: dict, run: Path, console: Console) -> str:
 
 
 def final_export(run: Path, tcfg: dict) -> Path | None:
-    """The export of a finished run: its last step's, when that is the last planned step or the run
-    ended early (the collapse guard stopped it, or it spent `max_seconds`: the trainer exports then)."""
+    """The export of a finished run: the trainer exports only at the end (the demo sets export_every
+    to steps), whether the run reached its last step, spent `max_seconds` or was stopped by the
+    collapse guard; so the last recorded step's export is there exactly when the run is over."""
     from tbhpc.store.run_dir import RunDir
     from tbhpc.train.record import read_steps
     if not (run / "logs" / "train_steps.jsonl").exists():
         return None
-    rows = read_steps(RunDir(run))
-    last = max((int(r["step"]) for r in rows), default=0)
+    last = max((int(r["step"]) for r in read_steps(RunDir(run))), default=0)
     export = run / "exports" / f"step-{last:06d}"
-    ended_early = any(r.get("guard") == "stop" for r in rows) or (
-        tcfg.get("max_seconds") and sum(r.get("step_s", 0.0) for r in rows) >= tcfg["max_seconds"])
-    if last and (last == tcfg["steps"] or ended_early) and (export / "config.json").exists():
-        return export
-    return None
+    return export if last and (export / "config.json").exists() else None
 
 
 def _stream(cmd: list[str], console: Console, env: dict | None = None) -> None:
