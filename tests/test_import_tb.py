@@ -240,13 +240,17 @@ def test_a_line_duckdb_refuses_but_python_reads_is_imported_through_the_reduced_
     assert rep.rows == 2 and got == [(0, True, None), (1, False, "x ? y")]
 
 
-def test_the_sql_type_check_counts_what_the_python_check_counts(tmp_path):
-    """count_inexact (one SQL scan, a JSON parse per field and object) finds exactly the lines that
-    type_problem (Python, the line-by-line reference of the rules) finds: 300 files of 30 lines,
-    each line a valid one with 0-2 fields replaced by a value of another type (seeded)."""
+def test_the_sql_type_checks_count_what_the_python_check_counts(tmp_path):
+    """Both SQL checks find exactly the lines that type_problem (Python, the line-by-line reference
+    of the rules) finds: the import's own marks (the typed read's JSON leaves), wherever the typed
+    structures hold the file, and count_inexact (whole JSON values, the fallback) on every file.
+    300 files of 30 lines, each line a valid one with 0-2 fields replaced by a value of another
+    type (seeded)."""
     import random
 
-    from tbhpc.store.import_tb import MAX_LINE_BYTES
+    import duckdb
+
+    from tbhpc.store.import_tb import MAX_LINE_BYTES, _typed
     from tbhpc.store.tb_types import count_inexact, count_inexact_python
     good = {"uid": "s.py:t", "finish_reason": "stop", "is_system_error": False, "error": None,
             "test_result": {"result": True, "is_system_error": False, "reward": 0.5, "error": "", "tb": "trace"},
@@ -257,9 +261,11 @@ def test_the_sql_type_check_counts_what_the_python_check_counts(tmp_path):
              ("test_result", "is_system_error"), ("test_result", "reward"), ("test_result", "tb"), ("usage",),
              ("usage", 0), ("usage", 0, "input_tokens"), ("usage", 0, "output_tokens_details", "reasoning_tokens"),
              ("usage", 0, "input_tokens_details"), ("metadata",), ("metadata", "scenario")]
-    values = [None, True, 0, 7, -5, 2.5, "", "yes", "1", [], [1], {}, {"a": 1}]
+    values = [None, True, 0, 7, -5, 2.5, 1e3, 2**63, 2**70, float("inf"), float("nan"), "", "yes", "1", [], [1], {},
+              {"a": 1}, [None]]
     rng = random.Random(42)
     seen = {True: 0, False: 0}
+    marked = {True: 0, False: 0}          # files the typed read holds, by whether they have inexact lines
     for n in range(300):
         lines = []
         for i in range(30):
@@ -283,4 +289,11 @@ def test_the_sql_type_check_counts_what_the_python_check_counts(tmp_path):
         counted = count_inexact([f], MAX_LINE_BYTES)      # every line is JSON: the SQL must run, no Python fallback
         assert counted is not None and counted == count_inexact_python([f]), f
         seen[counted == 0] += 1
+        try:
+            leaves = duckdb.sql(f"SELECT count(*) FILTER (WHERE inexact) FROM ({_typed([f])})").fetchone()[0]
+        except duckdb.Error:
+            continue                                    # usage as one object, a list test_result, ...: the fallback's
+        assert leaves == counted, f
+        marked[counted == 0] += 1
     assert seen[True] > 20 and seen[False] > 20, seen
+    assert marked[True] > 20 and marked[False] > 20, marked

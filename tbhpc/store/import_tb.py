@@ -42,26 +42,21 @@ from tbhpc.store.run_dir import RunDir
 from tbhpc.store.schema import DDL, ROLES, SHARD_COLUMNS
 from tbhpc.store.sqltext import literal, literal_list
 from tbhpc.store.tb_transcripts import write_reduced
-from tbhpc.store.tb_types import count_inexact, count_inexact_python, first_inexact_line, parsed_lines
+from tbhpc.store.tb_types import (LEAF_COLUMNS, LEAF_TOKENS, count_inexact, count_inexact_python, exact_leaves_sql,
+                                  first_inexact_line, leaf_count, parsed_lines)
 
 MEMORY_LIMIT = "128MB"     # DuckDB's own budget; spills to the temp directory beyond it
 BAD = "!malformed"         # shard value of a row that failed the field checks (never lands: the import stops)
 MAX_LINE_BYTES = 16 << 20  # the longest result line read (DuckDB's JSON buffers are sized from it)
 
-# The reference's DecodeResult, typed: DuckDB parses each line straight into these (the fast path).
-_USAGE_T = ("STRUCT(input_tokens BIGINT, input_tokens_details STRUCT(cached_tokens BIGINT), output_tokens BIGINT, "
-            "output_tokens_details STRUCT(reasoning_tokens BIGINT))")
-_TYPED = {"uid": "VARCHAR", "finish_reason": "VARCHAR", "is_system_error": "BOOLEAN",
-          "test_result": "STRUCT(result BOOLEAN, is_system_error BOOLEAN, reward DOUBLE, error VARCHAR, tb VARCHAR)",
-          "usage": f"{_USAGE_T}[]", "metadata": "STRUCT(scenario VARCHAR, error VARCHAR)", "error": "VARCHAR"}
-# Anything the typed read refuses (usage as one object, a number for a boolean, ...) is read as
-# JSON and converted with Python's truthiness instead (the lenient path, ~2x slower).
+# A file the typed read's structures cannot hold (usage as one object, a test_result that is a
+# list), or one with values of other types under --lenient, is read as whole JSON values and
+# converted with Python's truthiness instead (the lenient path, ~2x slower).
 _LENIENT = {"uid": "VARCHAR", "finish_reason": "VARCHAR", "is_system_error": "JSON", "test_result": "JSON",
             "usage": "JSON", "metadata": "JSON", "error": "VARCHAR"}
 # a line has a conversation when `messages` is a non-empty list (a string test: no JSON function per row)
 _HAS_MESSAGES = "coalesce(starts_with(messages::VARCHAR, '[') AND messages::VARCHAR <> '[]', false)"
-_TOKENS = {"in": "x.input_tokens", "cached": "x.input_tokens_details.cached_tokens", "out": "x.output_tokens",
-           "reasoning": "x.output_tokens_details.reasoning_tokens"}
+INEXACT = "!inexact"       # shard value of a row whose fields are not of the reference's types (strict: stops the import)
 
 
 @dataclass
@@ -89,9 +84,10 @@ def _read(files: list[Path], columns: dict[str, str], numbered: bool = True) -> 
     return f"SELECT ordinality AS line_order, * FROM {scan} WITH ORDINALITY" if numbered else f"SELECT 0 AS line_order, * FROM {scan}"
 
 
-def _tokens(usage: str) -> str:
-    return ", ".join(f"coalesce(list_sum(list_transform({usage}, x -> greatest(coalesce({path}, 0), 0))), 0) AS t_{k}"
-                     for k, path in _TOKENS.items())
+def _tokens(usage: str, count=lambda v: v) -> str:
+    """The four token sums over the usage entries (`count`: the number in a field of an entry)."""
+    return ", ".join(f"coalesce(list_sum(list_transform({usage}, x -> greatest(coalesce({count('x.' + path)}, 0), 0))), 0) AS t_{k}"
+                     for k, path in LEAF_TOKENS.items())
 
 
 def _transcript(reduced: bool) -> tuple[dict[str, str], str]:
@@ -104,17 +100,20 @@ def _transcript(reduced: bool) -> tuple[dict[str, str], str]:
 
 def _typed(files: list[Path], reduced: bool = False, numbered: bool = True) -> str:
     """Per line: task_id, finish_reason, sys, ok_result, reward_value, t_*, scenario, err, bad_fields,
-    tb (the failed test's traceback) and transcript."""
+    inexact, tb (the failed test's traceback) and transcript, from the fields' JSON leaves
+    (tb_types.LEAF_COLUMNS): the values of an exact line, and whether it is exact, from one parse."""
     column, transcript = _transcript(reduced)
+    text = lambda leaf: f"({leaf} ->> '$')"      # noqa: E731  the string in a JSON string leaf
+    true = lambda leaf: f"coalesce({leaf} = 'true', false)"      # noqa: E731
     return f"""
-        SELECT line_order, uid AS task_id, finish_reason,
-               (coalesce(is_system_error, false) OR coalesce(test_result.is_system_error, false)
-                OR test_result.result IS NULL) AS sys,
-               coalesce(test_result.result, false) AS ok_result, test_result.reward AS reward_value, {_tokens('usage')},
-               metadata.scenario AS scenario,
-               coalesce(nullif(metadata.error, ''), nullif(test_result.error, ''), nullif(error, '')) AS err,
-               false AS bad_fields, test_result.tb AS tb, {transcript} AS transcript
-        FROM ({_read(files, {**_TYPED, **column}, numbered)})"""
+        SELECT line_order, {text('uid')} AS task_id, {text('finish_reason')} AS finish_reason,
+               ({true('is_system_error')} OR {true('test_result.is_system_error')} OR test_result.result IS NULL) AS sys,
+               {true('test_result.result')} AS ok_result, try_cast(test_result.reward::VARCHAR AS DOUBLE) AS reward_value,
+               {_tokens('usage', leaf_count)}, {text('metadata.scenario')} AS scenario,
+               coalesce(nullif({text('metadata.error')}, ''), nullif({text('test_result.error')}, ''), nullif({text('error')}, '')) AS err,
+               false AS bad_fields, NOT coalesce({exact_leaves_sql()}, false) AS inexact, {text('test_result.tb')} AS tb,
+               {transcript} AS transcript
+        FROM ({_read(files, {**LEAF_COLUMNS, **column}, numbered)})"""
 
 
 def _lenient(files: list[Path], reduced: bool = False) -> str:
@@ -130,7 +129,7 @@ def _lenient(files: list[Path], reduced: bool = False) -> str:
                {_truthy('tr.result')} AS ok_result, try_cast(tr.reward ->> '$' AS DOUBLE) AS reward_value, {_tokens('us')},
                md.scenario AS scenario, coalesce(nullif(md.error, ''), nullif(tr.error, ''), nullif(top_error, '')) AS err,
                (tr_type NOT IN ('OBJECT', 'NULL') OR us_type NOT IN ('ARRAY', 'OBJECT', 'NULL')) AS bad_fields,
-               tr.tb AS tb, {transcript} AS transcript
+               false AS inexact, tr.tb AS tb, {transcript} AS transcript
         FROM (SELECT line_order, uid AS task_id, finish_reason, is_system_error, error AS top_error, {next(iter(column))},
                      json_type(test_result) AS tr_type,
                      json_transform(test_result, '{tr}') AS tr, json_type(usage) AS us_type,
@@ -140,11 +139,11 @@ def _lenient(files: list[Path], reduced: bool = False) -> str:
 
 
 def _select(lines: str, campaign: str, policy_id: str, numbered: bool = True) -> str:
-    """Attempt rows (and a `bad` flag) from the per-line columns of `_typed` or `_lenient` (not
+    """Attempt rows (and `bad` and `inexact` flags) from the per-line columns of `_typed` or `_lenient` (not
     `numbered`: every attempt_index 0, for bench/results_scale.py's floors)."""
     file_part = "split_part(task_id, ':', 1)"
     index = "row_number() OVER (PARTITION BY task_id ORDER BY line_order) - 1" if numbered else "0"
-    tokens = ", ".join(f"t_{k} AS agent_{k}" if r == "agent" else f"0 AS {r}_{k}" for r in ROLES for k in _TOKENS)
+    tokens = ", ".join(f"t_{k} AS agent_{k}" if r == "agent" else f"0 AS {r}_{k}" for r in ROLES for k in LEAF_TOKENS)
     return f"""
     SELECT {literal(campaign)} AS campaign, task_id,
            ({index})::INTEGER AS attempt_index,
@@ -156,7 +155,7 @@ def _select(lines: str, campaign: str, policy_id: str, numbered: bool = True) ->
            finish_reason, left(err, 2000) AS error, CASE WHEN sys THEN 'imported' END AS error_kind, {tokens},
            CASE WHEN NOT sys AND NOT ok_result AND coalesce(tb, '') <> '' THEN to_json([right(tb, 2000)])::VARCHAR END AS diff,
            transcript,
-           (coalesce(task_id, '') = '' OR bad_fields) AS bad
+           (coalesce(task_id, '') = '' OR bad_fields) AS bad, inexact
     FROM ({lines})"""
 
 
@@ -187,13 +186,6 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
     for f in files:
         if not Path(f).is_file():
             raise UserError(f"{f}: cannot read: no such file")
-    inexact = count_inexact(files, MAX_LINE_BYTES)
-    coerced = 0
-    if inexact != 0:
-        problem = first_inexact_line(files)
-        if problem and (not lenient or "not valid JSON" in problem or "expected a JSON object" in problem):
-            raise UserError(problem + ("" if "JSON" in problem else " (--lenient converts such values)"))
-        coerced = inexact if inexact is not None else count_inexact_python(files)
     campaign = campaign or Path(files[0]).stem
     created = not Path(out).exists()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -209,10 +201,10 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
             con.execute(DDL)
             blobs: dict[str, str] = {}
             if _first_has_messages(files):     # a file with conversations: straight to the reduced copy
-                reader, blobs = _import_reduced(con, files, work, campaign, policy_id)
+                reader, coerced, blobs = _import_reduced(con, files, work, campaign, policy_id, lenient)
             else:
                 try:
-                    reader = _insert(con, files, campaign, policy_id)
+                    reader, coerced = _insert(con, files, campaign, policy_id, lenient)
                     _check_rows(con, files)
                     # conversations further down a file that began without: the reduced copy instead
                     redo = bool(con.execute("SELECT count(transcript) FROM attempts").fetchone()[0])
@@ -221,7 +213,7 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
                 if redo:
                     con.execute("DROP TABLE attempts")
                     con.execute(DDL)
-                    reader, blobs = _import_reduced(con, files, work, campaign, policy_id)
+                    reader, coerced, blobs = _import_reduced(con, files, work, campaign, policy_id, lenient)
             _check_rows(con, files)
             insert_rows(con, "blobs", [{"ref": r, "content": c} for r, c in blobs.items()],
                         {"ref": "VARCHAR", "content": "VARCHAR"})
@@ -260,12 +252,14 @@ def _write_plan(con, path: Path) -> None:
     con.execute("DROP TABLE per_task")
 
 
-def _import_reduced(con, files: list[Path], work: Path, campaign: str, policy_id: str) -> tuple[str, dict[str, str]]:
-    """Write the reduced copy of `files` (tbhpc.store.tb_transcripts) and import it; returns the
-    reader used and the transcripts' blobs."""
+def _import_reduced(con, files: list[Path], work: Path, campaign: str, policy_id: str,
+                    lenient: bool) -> tuple[str, int, dict[str, str]]:
+    """Write the reduced copy of `files` (tbhpc.store.tb_transcripts; unless `lenient`, it stops at
+    the first line of a wrong type) and import it; returns the reader used, the lines converted
+    and the transcripts' blobs."""
     reduced = work / "reduced.jsonl"
-    blobs = write_reduced(files, reduced)
-    return _insert(con, files, campaign, policy_id, [reduced]), blobs
+    blobs = write_reduced(files, reduced, exact=not lenient)
+    return *_insert(con, files, campaign, policy_id, lenient, [reduced]), blobs
 
 
 class _Unreadable(UserError):
@@ -298,29 +292,52 @@ def _output_columns() -> set[str]:
             "error", "error_kind", "diff", "transcript", *(f"{r}_{k}" for r in ROLES for k in ("in", "cached", "out", "reasoning"))}
 
 
-def _insert(con, files: list[Path], campaign: str, policy_id: str, reduced: list[Path] | None = None) -> str:
-    """One pass into `attempts` from `files`, or from their `reduced` copy when given: typed if
-    the lines allow, else lenient (returns which). A row failing the field checks is marked in the
-    shard column (the caller stops the import); errors name the original files."""
+def _insert(con, files: list[Path], campaign: str, policy_id: str, lenient: bool,
+            reduced: list[Path] | None = None) -> tuple[str, int]:
+    """One pass into `attempts` from `files`, or from their `reduced` copy when given: typed when
+    every line has the reference's types, else (with `lenient`, or when the typed structures cannot
+    hold a line) lenient. Returns the reader and the lines converted. Unless `lenient`, a line of
+    a wrong type stops the import, named; a row failing the field checks is marked in the shard
+    column (the caller stops the import). Errors name the original files."""
     names = ", ".join(c for c in SHARD_COLUMNS if c in _output_columns())
     # Transcripts are kilobytes per row, and DuckDB holds 2,048 rows per vector and ~32 MiB of read
     # buffers per thread: on one thread, a 1 GB file of them stays within the memory limit.
     con.execute(f"SET threads = {1 if reduced else 2}")
-    for reader in (_typed, _lenient):
-        try:
-            lines = reader(reduced or files, reduced=bool(reduced))
-            con.execute(f"INSERT INTO attempts ({names}, shard) SELECT {names}, CASE WHEN bad THEN '{BAD}' "
-                        f"ELSE 'import' END FROM ({_select(lines, campaign, policy_id)})")
-            return reader.__name__.strip("_")
-        except duckdb.Error as exc:
-            if isinstance(exc, (duckdb.OutOfMemoryException, duckdb.IOException)):
-                raise InfraError(f"import of {files[0]} stopped (memory limit {MEMORY_LIMIT}; nothing was written)",
-                                 exc) from None
-            con.execute("DELETE FROM attempts")
-            problem = first_bad_line(files) if reader is _lenient else ""
-            if problem:
-                raise UserError(problem) from None
-            if reader is _lenient:
-                why = (f"{files[0]}: DuckDB could not read the results ({' '.join(str(exc).split())[:200]}; "
-                       f"lines longer than {MAX_LINE_BYTES >> 20} MiB are not read)")
-                raise (UserError if reduced else _Unreadable)(why) from None
+    source = reduced or files
+
+    def write(reader) -> None:
+        con.execute(f"INSERT INTO attempts ({names}, shard) SELECT {names}, CASE WHEN inexact THEN '{INEXACT}' "
+                    f"WHEN bad THEN '{BAD}' ELSE 'import' END FROM ({_select(reader(source, bool(reduced)), campaign, policy_id)})")
+
+    try:
+        write(_typed)
+        inexact = con.execute(f"SELECT count(*) FROM attempts WHERE shard = '{INEXACT}'").fetchone()[0]
+        if not inexact:
+            return "typed", 0
+    except duckdb.Error as exc:     # a line the typed structures cannot hold, or not JSON to DuckDB
+        _raise_infra(exc, files)
+        inexact = count_inexact(source, MAX_LINE_BYTES)
+    con.execute("DELETE FROM attempts")
+    if inexact != 0:
+        problem = first_inexact_line(files)
+        if problem and (not lenient or "not valid JSON" in problem or "expected a JSON object" in problem):
+            raise UserError(problem)
+        if inexact and not problem and not lenient:     # the SQL and the Python rules disagree: say so, never guess
+            raise InfraError(f"{files[0]}: {inexact} line(s) of a wrong type by the SQL check, none by the line scan")
+    coerced = (inexact if inexact is not None else count_inexact_python(files)) if lenient else 0
+    try:
+        write(_lenient)
+        return "lenient", coerced
+    except duckdb.Error as exc:
+        _raise_infra(exc, files)
+        con.execute("DELETE FROM attempts")
+        if problem := first_bad_line(files):
+            raise UserError(problem) from None
+        why = (f"{files[0]}: DuckDB could not read the results ({' '.join(str(exc).split())[:200]}; "
+               f"lines longer than {MAX_LINE_BYTES >> 20} MiB are not read)")
+        raise (UserError if reduced else _Unreadable)(why) from None
+
+
+def _raise_infra(exc: duckdb.Error, files: list[Path]) -> None:
+    if isinstance(exc, (duckdb.OutOfMemoryException, duckdb.IOException)):
+        raise InfraError(f"import of {files[0]} stopped (memory limit {MEMORY_LIMIT}; nothing was written)", exc) from None

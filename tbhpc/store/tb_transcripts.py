@@ -64,18 +64,19 @@ def _blob(value: Any, blobs: dict[str, str]) -> str | None:
 _KEPT = ("uid", "finish_reason", "is_system_error", "test_result", "usage", "metadata", "error")
 
 
-def write_reduced(files: list[Path], out: Path) -> dict[str, str]:
+def write_reduced(files: list[Path], out: Path, exact: bool = False) -> dict[str, str]:
     """Stream the result files (one line in memory at a time) into `out`: per line, the fields the
     SQL pass reads plus `transcript` (the document, as a JSON object) in place of the bulky
     messages, tool definitions, test context and raw histories. Returns the blobs (ref -> JSON
-    text). A line that is not JSON stops it with its file and line number."""
+    text). A line that is not JSON stops it with its file and line number, and with `exact` so
+    does a line whose fields are not of the reference's types (tbhpc.store.tb_types)."""
     from tbhpc.errors import UserError
+    from tbhpc.store.tb_types import inexact_message, parsed_lines, type_problem
     blobs: dict[str, str] = {}
-    from tbhpc.store.tb_types import parsed_lines
     with open(out, "w", encoding="utf-8", errors="replace") as sink:   # a lone surrogate (an escaped \ud800) -> "?"
         for f, no, result, problem in parsed_lines(files):
-            if problem:
-                raise UserError(f"{f}: line {no}: {problem}")
+            if problem or exact and (problem := type_problem(result)):
+                raise UserError(inexact_message(f, no, problem))
             doc = reference_doc(result, blobs)
             reduced = {k: result[k] for k in _KEPT if k in result}
             if isinstance(reduced.get("test_result"), dict):

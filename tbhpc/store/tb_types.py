@@ -4,9 +4,15 @@ Why: the importer's fast path parses lines straight into typed columns, and its 
 JSON values with Python's truthiness. Both convert quietly: `"result": "yes"` became a pass, an
 integer uid a task id, `"many"` tokens 0, and -5 tokens stayed -5. A result file is evidence; a
 value of the wrong type is a bug upstream that must not become a score. So by default every
-line is checked against the reference's types in one SQL scan of the small fields only (the
-conversation is skipped), and the first wrong line is named with its field and value (a Python
-scan, run only then). `--lenient` converts instead and says how many lines needed it.
+line is checked against the reference's types, and the first wrong line is named with its field
+and value (a Python scan, run only then). `--lenient` converts instead and says how many lines
+needed it.
+
+Where the check runs: inside the import's own read. The importer reads every small field as a
+JSON leaf (`LEAF_COLUMNS`: one parse of the line, the leaves kept as their JSON text), so the
+exactness of a line (`exact_leaves_sql`) costs string tests on short texts, and the values come
+from the same leaves. A file those structures cannot hold (usage as one object, a test_result
+that is a list) is checked by `count_inexact`, a scan of the fields as whole JSON values.
 """
 from __future__ import annotations
 
@@ -39,9 +45,9 @@ _USAGE_ENTRY = ('[{"input_tokens": "JSON", "output_tokens": "JSON", "input_token
 
 
 def _count_ok(v: str) -> str:
-    """A non-negative integer, null or absent: json_type says UBIGINT for every integer >= 0 and BIGINT
-    only below 0 (no cast: DuckDB evaluates both sides of an AND, and a cast of "yes" would fail)."""
-    return f"coalesce(json_type({v}) IN ('UBIGINT', 'NULL'), true)"
+    """A non-negative integer below 2^63, null or absent (try_cast only: DuckDB evaluates both sides
+    of an AND, and a cast of "yes" would fail)."""
+    return f"({v} IS NULL OR json_type({v}) = 'NULL' OR coalesce({leaf_count(v)} >= 0, false))"
 
 
 def _tokens_ok(usage: str) -> str:
@@ -56,6 +62,38 @@ def _tokens_ok(usage: str) -> str:
 
 _TEST_RESULT = [("BOOLEAN",), ("BOOLEAN",), ("VARCHAR",), ("VARCHAR",), ("UBIGINT", "BIGINT", "DOUBLE")]
 
+# The small fields of a line, each leaf as its JSON text (JSON null and absent are both SQL NULL).
+_J = "JSON"
+LEAF_COLUMNS = {
+    "uid": _J, "finish_reason": _J, "is_system_error": _J, "error": _J,
+    "test_result": "STRUCT(result JSON, is_system_error JSON, reward JSON, error JSON, tb JSON)",
+    "usage": ("STRUCT(input_tokens JSON, input_tokens_details STRUCT(cached_tokens JSON), output_tokens JSON, "
+              "output_tokens_details STRUCT(reasoning_tokens JSON))[]"),
+    "metadata": "STRUCT(scenario JSON, error JSON)"}
+LEAF_TOKENS = {"in": "input_tokens", "cached": "input_tokens_details.cached_tokens", "out": "output_tokens",
+               "reasoning": "output_tokens_details.reasoning_tokens"}
+
+
+def leaf_count(leaf: str) -> str:
+    """The token count in a JSON leaf, NULL unless an integer (a number with a fraction or an
+    exponent is not one: the cast alone would round 1.5 to 2)."""
+    return f"CASE WHEN json_type({leaf}) IN ('UBIGINT', 'BIGINT') THEN try_cast({leaf}::VARCHAR AS BIGINT) END"
+
+
+def exact_leaves_sql() -> str:
+    """A boolean SQL expression over `LEAF_COLUMNS`: the line has the reference's types (the same
+    rules as `exact_sql` and `type_problem`). JSON texts are tested as strings: a string leaf
+    starts with a quote, a boolean is `true` or `false`."""
+    string = lambda leaf: f"coalesce(starts_with({leaf}, '\"'), true)"        # noqa: E731
+    boolean = lambda leaf: f"coalesce({leaf} IN ('true', 'false'), true)"      # noqa: E731
+    counts = " AND ".join(f"(x.{p} IS NULL OR coalesce({leaf_count('x.' + p)} >= 0, false))" for p in LEAF_TOKENS.values())
+    return " AND ".join([
+        "starts_with(uid, '\"') AND uid <> '\"\"'", boolean("is_system_error"), string("finish_reason"), string("error"),
+        boolean("test_result.result"), boolean("test_result.is_system_error"), string("test_result.error"),
+        string("test_result.tb"), "coalesce(isfinite(try_cast(test_result.reward::VARCHAR AS DOUBLE)), test_result.reward IS NULL)",
+        string("metadata.scenario"), string("metadata.error"),
+        f"coalesce(list_bool_and(list_transform(usage, x -> x IS NOT NULL AND {counts})), true)"])
+
 
 def exact_sql() -> str:
     """A boolean SQL expression over the JSON columns uid, is_system_error, test_result, usage,
@@ -65,7 +103,8 @@ def exact_sql() -> str:
         "json_type(uid) = 'VARCHAR' AND (uid ->> '$') <> ''",
         _scalar_in("is_system_error", "BOOLEAN"), _scalar_in("finish_reason", "VARCHAR"), _scalar_in("error", "VARCHAR"),
         f"({tr} IS NULL OR json_type({tr}) = 'NULL' OR (json_type({tr}) = 'OBJECT' AND "
-        f"{_types_in(tr, ['$.result', '$.is_system_error', '$.error', '$.tb', '$.reward'], _TEST_RESULT)}))",
+        f"{_types_in(tr, ['$.result', '$.is_system_error', '$.error', '$.tb', '$.reward'], _TEST_RESULT)} AND "
+        f"coalesce(isfinite(try_cast(({tr} -> '$.reward')::VARCHAR AS DOUBLE)), true)))",     # Infinity, NaN
         "(usage IS NULL OR json_type(usage) = 'NULL' OR (json_type(usage) IN ('ARRAY', 'OBJECT') AND "
         f"{_tokens_ok('usage')}))",
         f"({md} IS NULL OR json_type({md}) = 'NULL' OR (json_type({md}) = 'OBJECT' AND "
@@ -74,8 +113,9 @@ def exact_sql() -> str:
 
 
 def count_inexact(files: list[Path], max_line_bytes: int) -> int | None:
-    """Lines whose fields are not of the reference's types; None when DuckDB cannot read them
-    as JSON at all (the line-by-line scan then says why)."""
+    """Lines whose fields are not of the reference's types, from the fields as whole JSON values
+    (for files `LEAF_COLUMNS` cannot hold); None when DuckDB cannot read them as JSON at all (the
+    line-by-line scan then says why)."""
     cols = "{" + ", ".join(f"'{c}': 'JSON'" for c in ("uid", "is_system_error", "test_result", "usage", "metadata",
                                                         "finish_reason", "error")) + "}"
     scan = (f"read_json({literal_list(files)}, format='newline_delimited', columns={cols}, "
@@ -129,7 +169,7 @@ def type_problem(obj: dict) -> str:
                 value: object = entry
                 for part in field.split("."):
                     value = value.get(part) if isinstance(value, dict) else None
-                if value is not None and (not _is_int(value) or value < 0):
+                if value is not None and (not _is_int(value) or not 0 <= value < 2**63):
                     return f"field 'usage[{i}].{field}' must be a non-negative integer, got {json.dumps(value)}"
     md = obj.get("metadata")
     if md is not None:
@@ -157,11 +197,16 @@ def parsed_lines(files: list[Path]):
                 yield f, no, obj, "" if isinstance(obj, dict) else "expected a JSON object"
 
 
+def inexact_message(f: Path, no: int, problem: str) -> str:
+    """The one-line error for a line that is not JSON or not of the reference's types."""
+    return f"{f}: line {no}: {problem}" + ("" if "JSON" in problem else " (--lenient converts such values)")
+
+
 def first_inexact_line(files: list[Path]) -> str:
-    """'FILE: line N: field ...' for the first line of a wrong type (a line-by-line scan)."""
+    """`inexact_message` for the first line of a wrong type, '' if none (a line-by-line scan)."""
     for f, no, obj, problem in parsed_lines(files):
         if problem := problem or type_problem(obj):
-            return f"{f}: line {no}: {problem}"
+            return inexact_message(f, no, problem)
     return ""
 
 
