@@ -44,7 +44,7 @@ def phase(name: str, run: str) -> dict:
         extra = {"rows": duckdb.sql(f"SELECT count(uid), count(test_result), count(usage) FROM read_json('{run}', "
                                     "format='newline_delimited', columns={'uid': 'VARCHAR', 'test_result': 'JSON', "
                                     "'usage': 'JSON'})").fetchone()[0]}
-    elif name in ("import_unnumbered", "import_write"):
+    elif name in ("import_stage", "import_write"):
         extra = import_parts(name, Path(run))
         start = time.perf_counter() - extra.pop("seconds")
     elif name == "import_python":    # one Python object per line, no conversion: the old import's floor
@@ -89,30 +89,30 @@ def phase(name: str, run: str) -> dict:
 
 
 def import_parts(name: str, path: Path) -> dict:
-    """Where the import's time goes, with its SQL, memory budget and threads (and insertion order
-    not preserved, the faster setting for both parts):
-    import_unnumbered -- every column of every line as the import computes it, from a parallel
-    scan that leaves the lines unnumbered (what the import would cost if DuckDB numbered lines in
-    parallel), nothing written; import_write -- only the write of the finished rows into
-    `attempts`, from a table already in memory. `seconds` is that part alone."""
+    """Where the import's time goes, with its SQL, memory budget and threads:
+    import_stage -- the staged read alone: every column of every line from a parallel read,
+    written in file order to the Parquet stage (tbhpc.store.import_tb._staged); import_write --
+    only the write of the finished rows into `attempts`, from a table already in memory, insertion
+    order not preserved (as the import writes). `seconds` is that part alone."""
     import duckdb
 
-    from tbhpc.store.import_tb import MEMORY_LIMIT, _output_columns, _select, _typed
+    from tbhpc.store.import_tb import MEMORY_LIMIT, _output_columns, _select, _staged, _typed
     from tbhpc.store.merge import WRITE_CONFIG
     from tbhpc.store.schema import DDL, SHARD_COLUMNS
     work = Path(tempfile.mkdtemp(prefix="bench-import-"))
     try:
         con = duckdb.connect(str(work / "results.duckdb"), config=WRITE_CONFIG)
         con.execute(f"SET memory_limit = '{MEMORY_LIMIT}'; SET temp_directory = '{work / 'spill'}'; SET threads = 2; "
-                    "SET preserve_insertion_order = false; SET enable_progress_bar = false")
+                    "SET preserve_insertion_order = true; SET enable_progress_bar = false")
         names = ", ".join(c for c in SHARD_COLUMNS if c in _output_columns())
         t0 = time.perf_counter()
-        if name == "import_unnumbered":
-            rows = con.execute(f"SELECT count(COLUMNS(*)) FROM ({_select(_typed([path], numbered=False), 'c', 'p', numbered=False)})"
-                               ).fetchone()[0]
-            return {"seconds": time.perf_counter() - t0, "rows": rows}
+        if name == "import_stage":
+            lines = _staged([path], work / "lines.parquet")
+            seconds = time.perf_counter() - t0
+            return {"seconds": seconds, "rows": con.execute(f"SELECT count(*) FROM ({lines})").fetchone()[0]}
         con.execute(DDL)
         con.execute(f"CREATE TEMP TABLE finished AS SELECT {names} FROM ({_select(_typed([path]), 'c', 'p')})")
+        con.execute("SET preserve_insertion_order = false")
         t0 = time.perf_counter()
         con.execute(f"INSERT INTO attempts ({names}, shard) SELECT {names}, 'import' FROM finished")
         con.execute("CHECKPOINT")
@@ -120,6 +120,11 @@ def import_parts(name: str, path: Path) -> dict:
         return {"seconds": seconds, "rows": con.execute("SELECT count(*) FROM attempts").fetchone()[0]}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median `seconds` (its own peak memory with it)."""
+    return sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2]
 
 
 def peak_mib() -> float:
@@ -216,14 +221,21 @@ def import_table(console, root: Path, lines: int, gigabytes: float) -> None:
             continue
         f = make_reference_results(root / f"reference-{n}-{int(transcripts)}.jsonl", n, transcripts)
         size = f.stat().st_size / 2**20
-        imp, floor, py = run_phase("import", f), run_phase("import_floor", f), run_phase("import_python", f)
+        # the import and its floor alternated three times, each its median run: a VM's neighbours move
+        # single runs by ~20% (2026-12-05: the same import 3.1-4.1 s within ten minutes)
+        runs: dict[str, list[dict]] = {"import": [], "import_floor": []}
+        for _ in range(3):
+            for name, done in runs.items():
+                done.append(run_phase(name, f))
+        imp, floor = median_run(runs["import"]), median_run(runs["import_floor"])
+        py = run_phase("import_python", f)
         assert imp["rows"] == floor["rows"] == py["rows"] == n
         rows = [("tbhpc import-tb", imp), ("DuckDB read_json of the fields it needs (floor)", floor),
                 ("json.loads per line, nothing else", py)]
         if not transcripts:
-            unnumbered, write = run_phase("import_unnumbered", f), run_phase("import_write", f)
-            assert unnumbered["rows"] == write["rows"] == n
-            rows += [("  part: every column computed, lines not numbered (parallel), nothing written", unnumbered),
+            stage, write = run_phase("import_stage", f), run_phase("import_write", f)
+            assert stage["rows"] == write["rows"] == n
+            rows += [("  part: the staged read (every column, parallel, to Parquet in file order)", stage),
                      ("  part: only the write of the finished rows into `attempts`", write),
                      ("old import-tb, 1,003,860 lines (quoted, issue 13)", OLD_IMPORT),
                      ("reference `tb agg -f json`, same file (quoted, issue 13)", REFERENCE_TB_AGG)]
@@ -234,10 +246,11 @@ def import_table(console, root: Path, lines: int, gigabytes: float) -> None:
             verdicts.append(f"with transcripts: {imp['peak_mib']:.0f} MiB peak (bound 300 MiB: "
                             f"{'met' if imp['peak_mib'] <= 300 else 'MISSED'}), results.duckdb {imp['db_mib']:.0f} MiB")
         elif n >= 1_000_000:
-            verdicts.append(f"1M lines (<= 3 s, <= 300 MiB): {'met' if imp['seconds'] <= 3 and imp['peak_mib'] <= 300 else 'MISSED'}"
-                            f"; {REFERENCE_TB_AGG['seconds'] / imp['seconds']:.1f}x faster than the reference tb agg (quoted); "
-                            f"the two parts alone, with no numbering, no checks and no plan: "
-                            f"{unnumbered['seconds'] + write['seconds']:.2f} s")
+            ratio = imp["seconds"] / floor["seconds"]
+            verdicts.append(f"1M lines (issue 42: <= 8x DuckDB's read, < 400 MiB): {ratio:.1f}x, {imp['peak_mib']:.0f} MiB: "
+                            f"{'met' if ratio <= 8 and imp['peak_mib'] < 400 else 'MISSED'}; "
+                            f"{REFERENCE_TB_AGG['seconds'] / imp['seconds']:.1f}x faster than the reference tb agg (quoted); "
+                            f"the two parts alone (no renumbering, no checks, no plan): {stage['seconds'] + write['seconds']:.2f} s")
     console.print(table)
     for v in verdicts:
         console.print(f"import target, {v}")

@@ -135,6 +135,30 @@ def test_a_bad_line_400000_stops_the_import_and_leaves_nothing(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.jsonl"]      # no run, no temp database
 
 
+def test_attempts_are_numbered_in_file_order_across_parallel_read_batches(tmp_path, monkeypatch):
+    """The typed read runs in parallel and keeps file order only through its Parquet stage: 300,000
+    lines, every uid's lines spread over the whole file (uid = line % 997), each carrying its own
+    line number, read in ~1 MiB batches on 2 threads. Each uid's attempts must come out in line
+    order, 0, 1, 2, ... (this fails if the stage is written without preserve_insertion_order)."""
+    import duckdb
+
+    import tbhpc.store.import_tb as imp
+    monkeypatch.setattr(imp, "MAX_LINE_BYTES", 1 << 20)     # small read buffers: many batches
+    f = tmp_path / "r.jsonl"
+    duckdb.execute(f"""COPY (SELECT 's.py:t' || (i % 997) AS uid, 'line ' || i AS error,
+                                   {{'result': i % 3 = 0, 'tb': 'AssertionError: ' || repeat('x', i % 50)}} AS test_result,
+                                   [{{'input_tokens': i}}] AS usage
+                            FROM range(300000) t(i)) TO '{f}' (FORMAT json)""")
+    run, rep = import_files([f], tmp_path / "imp")
+    assert rep.reader == "typed" and rep.rows == 300_000
+    con = duckdb.connect(str(run.db), read_only=True)
+    misplaced = con.execute("""SELECT count(*) FROM (SELECT attempt_index, agent_in,
+                                   row_number() OVER (PARTITION BY task_id ORDER BY agent_in) - 1 AS by_line FROM attempts)
+                               WHERE attempt_index <> by_line""").fetchone()[0]
+    errors_match = con.execute("SELECT bool_and(error = 'line ' || agent_in) FROM attempts").fetchone()[0]
+    assert misplaced == 0 and errors_match
+
+
 @pytest.mark.parametrize("usage, reader", [([{"input_tokens": 3}], "typed"), ({"input_tokens": 3}, "lenient")])
 def test_a_null_result_is_a_system_error_on_either_reader(tmp_path, usage, reader):
     f = tmp_path / "r.jsonl"

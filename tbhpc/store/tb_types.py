@@ -80,19 +80,27 @@ def leaf_count(leaf: str) -> str:
     return f"CASE WHEN json_type({leaf}) IN ('UBIGINT', 'BIGINT') THEN try_cast({leaf}::VARCHAR AS BIGINT) END"
 
 
-def exact_leaves_sql() -> str:
-    """A boolean SQL expression over `LEAF_COLUMNS`: the line has the reference's types (the same
-    rules as `exact_sql` and `type_problem`). JSON texts are tested as strings: a string leaf
-    starts with a quote, a boolean is `true` or `false`."""
+def leaf_entries(usage: str) -> str:
+    """The usage entries of `LEAF_COLUMNS` as structs: `entry` (the entry is not null), and per
+    token field its count (`leaf_count`) and `given_*` (present, not null). Computed once per line,
+    read by both the token sums and `exact_leaves_sql`."""
+    fields = ", ".join(f"'{k}': {leaf_count('x.' + p)}, 'given_{k}': x.{p} IS NOT NULL" for k, p in LEAF_TOKENS.items())
+    return f"list_transform({usage}, x -> {{'entry': x IS NOT NULL, {fields}}})"
+
+
+def exact_leaves_sql(entries: str = "entries") -> str:
+    """A boolean SQL expression over `LEAF_COLUMNS` and `entries` (`leaf_entries` of usage): the line
+    has the reference's types (the same rules as `exact_sql` and `type_problem`). JSON texts are
+    tested as strings: a string leaf starts with a quote, a boolean is `true` or `false`."""
     string = lambda leaf: f"coalesce(starts_with({leaf}, '\"'), true)"        # noqa: E731
     boolean = lambda leaf: f"coalesce({leaf} IN ('true', 'false'), true)"      # noqa: E731
-    counts = " AND ".join(f"(x.{p} IS NULL OR coalesce({leaf_count('x.' + p)} >= 0, false))" for p in LEAF_TOKENS.values())
+    counts = " AND ".join(f"(NOT y.given_{k} OR coalesce(y.{k} >= 0, false))" for k in LEAF_TOKENS)
     return " AND ".join([
         "starts_with(uid, '\"') AND uid <> '\"\"'", boolean("is_system_error"), string("finish_reason"), string("error"),
         boolean("test_result.result"), boolean("test_result.is_system_error"), string("test_result.error"),
         string("test_result.tb"), "coalesce(isfinite(try_cast(test_result.reward::VARCHAR AS DOUBLE)), test_result.reward IS NULL)",
         string("metadata.scenario"), string("metadata.error"),
-        f"coalesce(list_bool_and(list_transform(usage, x -> x IS NOT NULL AND {counts})), true)"])
+        f"coalesce(list_bool_and(list_transform({entries}, y -> y.entry AND {counts})), true)"])
 
 
 def exact_sql() -> str:
