@@ -44,6 +44,12 @@ def test_the_update_is_the_same_on_1_2_and_3_ranks(updates, tiny_dir, world):
     assert moved > 1e-4 and diff < moved * 1e-2, (moved, diff)   # measured: moved 1e-3, diff <= 1.1e-6
 
 
+def test_no_rank_builds_deepspeeds_shared_memory_op(updates):
+    """Training all-reduces through gloo; DeepSpeed's shm op (inference all-reduce only) would cost a
+    ~25 s C++ build on each new environment (tbhpc.train.engine)."""
+    assert not any(info["shm_op_built"] for info, _ in updates.values())
+
+
 def test_seq_mean_aggregation_is_the_same_on_1_and_3_ranks_and_differs_from_token_mean(updates, tiny_dir, tmp_path):
     """seq-mean-token-mean divides by the step's *global* episode count: 3 ranks holding different
     episodes give the single rank's loss and weights; and it is another loss than token-mean."""

@@ -35,7 +35,9 @@ def main(model: str, world: int, rank: int, port: int, out: str, stage: int, los
     sd = eng.consolidated_state_dict()
     if rank == 0:
         torch.save(sd, out + ".pt")
-        json.dump({"loss": loss, "grad_norm": stats.grad_norm, "micro": stats.micro_batches}, open(out + ".json", "w"))
+        import deepspeed.comm as dscomm
+        json.dump({"loss": loss, "grad_norm": stats.grad_norm, "micro": stats.micro_batches,
+                   "shm_op_built": dscomm.comm.cdb.shm_comm_op is not None}, open(out + ".json", "w"))
     eng.leave(0)     # the rank's exit path of `tbhpc train` (Engine.leave says why)
 
 

@@ -17,11 +17,14 @@ import costs about what reading the file costs, in bounded memory (a Python obje
 took 41 s and 3.2 GB for a million lines). The result is written into a database file beside
 the run and moved in only when everything checked out: a bad line stops the import with its
 line number (found by a line-by-line scan, only then) and the run directory is never created.
-Two readers: typed (the reference's field types, parsed straight into structs) and, when a file
-does not fit those types (usage as one object, a number for a boolean), lenient (JSON values,
-Python's truthiness), about half as fast. A file with conversations, or one whose valid JSON
-DuckDB refuses (a lone surrogate escape), is first streamed through Python into a reduced copy
-(tbhpc.store.tb_transcripts), which the same SQL imports.
+Two readers: typed (the reference's structure, each small field a JSON leaf, so one parse gives
+both the values and whether every one has the reference's type: tbhpc.store.tb_types) and, when
+a file does not fit that structure (usage as one object) or --lenient converts values of other
+types, lenient (JSON values, Python's truthiness), about half as fast. The typed read runs in
+parallel and keeps file order through a Parquet stage (`_staged`), because attempt indexes are
+each uid's lines in file order. A file with conversations, or one whose valid JSON DuckDB
+refuses (a lone surrogate escape), is first streamed through Python into a reduced copy
+(tbhpc.store.tb_transcripts), which the same SQL imports on one thread.
 """
 from __future__ import annotations
 

@@ -139,6 +139,12 @@ class Engine:
         env.export()
         if self.gpu:
             torch.cuda.set_device(env.local_rank)     # before NCCL's communicator is built
+        else:
+            # DeepSpeed's CPU backend JIT-compiles its shared-memory all-reduce op when it starts (~25 s
+            # with g++ on every new environment: the first step of each `make demo` from a fresh clone).
+            # That op serves only inference_all_reduce (tensor-parallel inference); training reduces
+            # through the gloo process group. Marked incompatible, it is never built.
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend="nccl" if self.gpu else "gloo", verbose=False)
         dtype = torch.bfloat16 if resolved_dtype(cfg, self.gpu) == "bf16" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
