@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tbhpc.cli_types import int_in
+from tbhpc.errors import UserError
 from tbhpc.outpaths import out_arg
 from tbhpc.store.run_dir import RunDir
 
@@ -43,6 +44,13 @@ def add_parsers(sub) -> None:
     v.add_argument("--repeats", type=int_in(1))
 
 
+def check_kind(cfg, command: str) -> None:
+    """`tbhpc eval` runs an eval: a config file or override that says otherwise is a mistake."""
+    if cfg.kind != command:
+        raise UserError(f"{command}: the campaign config says kind: {cfg.kind} (config file or override); "
+                        f"the command sets the kind: run `tbhpc {cfg.kind}`, or drop the field")
+
+
 def run(args) -> int:
     from rich.console import Console
 
@@ -54,6 +62,7 @@ def run(args) -> int:
         from tbhpc.campaign.runner import run_campaign
         overrides = list(args.overrides) + ([f"workers={args.workers}"] if args.workers is not None else [])
         cfg = load_config(CampaignConfig, args.config, overrides, base=KIND_DEFAULTS[args.cmd])
+        check_kind(cfg, args.cmd)
         res = run_campaign(cfg, args.out, make_executor(args.executor, cfg.workers, cfg.slurm), console)
         print(f"{args.out}: {res.planned} planned, {res.already_done} already done, {res.executed} executed "
               f"({res.ok} ok, {res.system_errors} system errors), {res.missing} still to run")
@@ -72,6 +81,7 @@ def run(args) -> int:
     if args.cmd == "submit":
         from tbhpc.launch.submit import submit_campaign
         cfg = load_config(CampaignConfig, args.config, args.overrides, base=KIND_DEFAULTS[args.kind])
+        check_kind(cfg, args.kind)
         print(submit_campaign(cfg, args.out, args.dry_run), end="" if args.dry_run else "\n")
         return 0
     run_dir = RunDir(args.run).require()

@@ -27,6 +27,8 @@ def run(args) -> int:
     from tbhpc.serve.config import ServeConfig
     cfg = load_config(ServeConfig, args.config, args.overrides)
     cfg.validate(str(args.config or "serve config"))
+    from tbhpc.outpaths import check_folder_path
+    check_folder_path(args.run, "serve: run directory")     # a dry run refuses what the real one would
     run_dir = args.run.resolve()
     if args.executor == "slurm":
         return _submit(cfg, run_dir, args.dry_run)

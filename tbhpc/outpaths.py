@@ -101,7 +101,8 @@ def _parents_are_folders(path: Path, flag: str) -> None:
             raise UserError(f"{flag} {path}: {parent} is a file, not a folder")
 
 
-def _not_a_folder(path: Path, flag: str) -> None:
+def check_folder_path(path: Path, flag: str) -> None:
+    """A path that can be a folder: it fits the file system, and neither it nor a parent is a file."""
     check_path_fits(path, flag)
     if path.exists() and not path.is_dir():
         raise UserError(f"{flag} {path}: is a file, not a folder")
@@ -110,7 +111,7 @@ def _not_a_folder(path: Path, flag: str) -> None:
 
 def check_output_folder(path: Path, kind: str, flag: str = "--out", force: bool = False) -> Path:
     """A folder for an output of `kind` (a key of OWNED): missing, empty, or a previous one."""
-    _not_a_folder(path, flag)
+    check_folder_path(path, flag)
     if path.is_dir() and not force and (foreign := _foreign(path, kind)):
         raise UserError(f"{flag} {path}: not empty and not a previous {kind} output (it holds {_listing(foreign)}); "
                         f"choose a new folder, or add --force to write into it anyway")
@@ -120,7 +121,7 @@ def check_output_folder(path: Path, kind: str, flag: str = "--out", force: bool 
 def check_run_folder(path: Path, kind: str | None = None, flag: str = "--out") -> Path:
     """A run directory to create or resume: missing, empty, a run (of `kind`, when given), or a
     folder holding only what `tbhpc submit` writes before the run's first files."""
-    _not_a_folder(path, flag)
+    check_folder_path(path, flag)
     if not path.is_dir():
         return path
     meta = path / "campaign.json"

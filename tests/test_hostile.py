@@ -246,6 +246,28 @@ CASES = [
     ("demo-out-too-long", ["demo", "out=" + "x" * 300, "quick=true"], 2, ["'out'", "300 characters"]),
     ("pool-out-too-long", ["select", "probe", "--out", "x" * 300 + ".yaml"], 2, ["--out", "305 characters"]),
     ("unknown-command", ["evaluate"], 2, ["invalid choice: 'evaluate'"]),
+    # 11. the sweep (issue 42): what a stage would refuse minutes later, refused before anything is written
+    ("demo-pack-missing", ["demo", "out=demo-new", "pack=no-such-pack"], 2, ["no-such-pack", "no such pack"]),
+    ("demo-prices-missing", ["demo", "out=demo-new", "prices=no-prices.yaml"], 2, ["no-prices.yaml", "price table"]),
+    ("demo-prices-nan", ["demo", "out=demo-new", "prices=prices-nan.yaml"], 2, ["prices-nan.yaml", "agent.input"]),
+    ("demo-tasks-missing", ["demo", "out=demo-new", "tasks=no-tasks.txt"], 2, ["no-tasks.txt", "task list"]),
+    ("demo-limit-zero", ["demo", "out=demo-new", "limit=0"], 2, ["'limit'", ">= 1"]),
+    ("user-unknown", ["eval", "--out", "new", "user=nosuch"], 2, ["'user'", "scripted or openai", "nosuch"]),
+    ("judge-unknown", ["eval", "--out", "new", "judge=nosuch"], 2, ["'judge'", "keyword or openai", "nosuch"]),
+    ("user-without-url", ["submit", "probe", "--out", "new", "--dry-run", "user=openai"], 2, ["'user'", "user_url"]),
+    ("eval-kind-override", ["eval", "--out", "new", "kind=probe"], 2, ["kind: probe", "tbhpc probe"]),
+    ("submit-kind-override", ["submit", "eval", "--out", "new", "--dry-run", "kind=probe"], 2, ["kind: probe"]),
+    ("name-slash", ["eval", "--out", "new", "name=a/b"], 2, ["'name'", "Slurm", "'a/b'"]),
+    ("tokens-no-server", ["eval", "--out", "new", "limit=1", "policy=tokens", "policy_opts={model_path: folder}"], 2,
+     ["generator=server", "endpoint"]),
+    ("tokens-no-model", ["eval", "--out", "new", "limit=1", "policy=tokens",
+                         "policy_opts={model_path: no-model, generator: batched}"], 2, ["model_path", "'no-model'"]),
+    ("tokens-generator", ["eval", "--out", "new", "limit=1", "policy=tokens", "policy_opts={generator: gpu}"], 2,
+     ["generator", "'gpu'"]),
+    ("hf-no-model", ["eval", "--out", "new", "limit=1", "policy=hf", "policy_opts={model_path: no-model}"], 2,
+     ["model_path", "'no-model'"]),
+    ("episode-servers-missing", ["episode", "--task", "TASK", "--servers", "no.yaml"], 2, ["--servers", "no.yaml"]),
+    ("serve-into-file", ["serve", "notes.txt", "--dry-run", "model=folder"], 2, ["notes.txt", "is a file"]),
 ]
 
 

@@ -57,6 +57,15 @@ class CampaignConfig:
             raise UserError(f"campaign config: field 'kind' must be probe or eval, got {self.kind!r}")
         if self.rubrics not in ("judge", "skip"):
             raise UserError(f"campaign config: field 'rubrics' must be judge or skip, got {self.rubrics!r}")
+        if not self.name or len(self.name) > 100 or any(c == "/" or not c.isprintable() or c.isspace() for c in self.name):
+            raise UserError(f"campaign config: field 'name' must be 1-100 printable characters without '/' or spaces "
+                            f"(it names Slurm jobs and their log files), got {self.name!r}")
+        for role, default in (("user", "scripted"), ("judge", "keyword")):
+            if getattr(self, role) not in (default, "openai"):
+                raise UserError(f"campaign config: field {role!r} must be {default} or openai, got {getattr(self, role)!r}")
+            if getattr(self, role) == "openai" and not getattr(self, f"{role}_url"):
+                raise UserError(f"campaign config: field {role!r} openai needs {role}_url (an OpenAI-compatible base URL "
+                                "ending in /v1)")
         if self.split not in ("train", "eval", "all"):
             raise UserError(f"campaign config: field 'split' must be train, eval or all, got {self.split!r}")
         if isinstance(self.workers, str) and self.workers != "auto":

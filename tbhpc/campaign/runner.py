@@ -44,6 +44,8 @@ class CampaignResult:
 def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict], list]:
     """Create the run directory, or check that an existing one holds the same campaign."""
     check_run_folder(Path(out), cfg.kind)
+    from tbhpc.policy import check_policy_ready
+    check_policy_ready(cfg.policy, cfg.policy_opts)
     skipped: dict[str, str] = {}
     tasks = select_tasks(cfg, skipped)
     for file, why in skipped.items():

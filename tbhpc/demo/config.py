@@ -50,6 +50,8 @@ class DemoConfig:
     def __post_init__(self) -> None:
         if self.model not in MODELS:
             raise UserError(f"demo config: field 'model' must be one of {', '.join(MODELS)}, got {self.model!r}")
+        if self.limit is not None and self.limit < 1:
+            raise UserError(f"demo config: field 'limit' must be >= 1 (or null: every task), got {self.limit!r}")
         if not 0.0 <= self.skill <= 1.0:
             raise UserError(f"demo config: field 'skill' must be within [0, 1], got {self.skill}")
         if self.sample is not None and (self.sample < 1 or self.tasks):

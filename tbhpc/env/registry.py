@@ -17,6 +17,8 @@ from tbhpc.tasks.schema import Task
 
 class Environments:
     def __init__(self, servers_file: str | Path | None = None, announce: bool = False):
+        if servers_file and not Path(servers_file).is_file():
+            raise UserError(f"--servers {servers_file}: not a file (the MCP servers file)")
         self.servers_file, self.announce = servers_file, announce   # announce: say what the environment lacks (once)
         self._specs = None
         self._pools: dict = {}

@@ -45,9 +45,16 @@ def check_policy_options(name: str, options: dict[str, Any], where: str = "polic
     return values
 
 
+def check_policy_ready(name: str, options: dict[str, Any]) -> None:
+    """What the policy needs on disk to run (its model), said before anything is written."""
+    cls = policy_class(name)
+    if hasattr(cls, "check_ready"):
+        cls.check_ready(options)
+
+
 def make_policy(name: str, **options: Any) -> Policy:
     cls = policy_class(name)
     return cls(**check_policy_options(name, options))
 
 
-__all__ = ["Completion", "Policy", "PolicySession", "check_policy_options", "make_policy", "policy_class", "POLICY_NAMES"]
+__all__ = ["Completion", "Policy", "PolicySession", "check_policy_options", "check_policy_ready", "make_policy", "policy_class", "POLICY_NAMES"]

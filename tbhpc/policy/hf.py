@@ -31,6 +31,12 @@ class HFPolicy:
     name: str = "hf"
     _loaded: tuple = field(default=(), repr=False)
 
+    @staticmethod
+    def check_ready(options: dict) -> None:
+        """The model is there (checked before a campaign writes anything)."""
+        if not options.get("model_path") or not Path(options["model_path"]).exists():
+            raise UserError(f"--policy hf: model_path {options.get('model_path', '')!r} does not exist")
+
     def _load(self) -> tuple[Any, Any]:
         if self._loaded:
             return self._loaded

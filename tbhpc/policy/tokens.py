@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tbhpc.errors import UserError
@@ -52,6 +53,24 @@ class TokenPolicy:
     name: str = "tokens"
     traces: dict = field(default_factory=dict, repr=False)   # (task_id, seed) -> finished TokenTrace
     _engine: tuple = field(default=(), repr=False)
+
+    @staticmethod
+    def check_ranges(options: dict) -> None:
+        """What loading would refuse, said when the options are checked (a campaign checks them
+        before its run directory exists): the generator's name, and a server to ask."""
+        generator = options.get("generator", "server")
+        if generator not in ("server", "local", "batched"):
+            raise UserError(f"--policy tokens: generator must be server, local or batched, got {generator!r}")
+        if generator == "server" and not (options.get("endpoint") or options.get("base_url")):
+            raise UserError("--policy tokens generator=server needs endpoint=RUN_DIR or base_url=http://host:port")
+
+    @staticmethod
+    def check_ready(options: dict) -> None:
+        """The model a local generator loads is there (checked before a campaign writes anything;
+        not in check_ranges, which also runs on the stored config of a finished run)."""
+        generator, model = options.get("generator", "server"), str(options.get("model_path") or "")
+        if generator != "server" and not Path(model).is_dir():
+            raise UserError(f"--policy tokens generator={generator}: model_path {model!r} is not a model directory")
 
     def load(self) -> tuple[Any, Generator]:
         with _LOAD_LOCK:          # the first sessions of a worker's episode threads arrive together
