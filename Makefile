@@ -55,7 +55,7 @@ test: env env-vllm browser $(WARM)/config.json
 # `make demo`: the published recipe on this machine with the demo model on the demo pack (committed
 # SFT plateau models/demo-pack-plateau) -> probe candidates it never saw -> select -> GRPO and continued SFT
 # for the same 180 s -> eval (+ fresh instances) -> the comparison in runs/demo-pack/report
-# (jobs/demo-pack.yaml, ~13.5-14 min here).
+# (jobs/demo-pack.yaml, ~13 min here; ~14 min from a clean clone, .venv included).
 # `make demo PACK=full`: the full pack (jobs/demo.yaml, models/demo-warm; the README's null result, ~46 min).
 # `make demo QUICK=1`: the pipeline check (noisy oracle: probe -> select -> eval -> report in runs/demo-quick, ~10 s).
 # `make demo MODEL=smollm2`: SmolLM2-135M-Instruct on the full pack (jobs/demo-smollm2.yaml); with PACK=demo
