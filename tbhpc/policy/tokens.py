@@ -78,8 +78,7 @@ class TokenPolicy:
 
     def _load(self) -> tuple[Any, Generator]:
         if not self._engine:
-            if self.generator not in ("server", "local", "batched"):
-                raise UserError(f"--policy tokens: generator must be server, local or batched, got {self.generator!r}")
+            self.check_ranges(vars(self))       # also when built directly (the trainer), not by make_policy
             self._engine = self._server_engine() if self.generator == "server" else self._local_engine()
         return self._engine
 
@@ -88,10 +87,8 @@ class TokenPolicy:
         if self.endpoint:
             ep = read_endpoint(self.endpoint)
             base_url, model, path = ep.base_url, ep.model, self.model_path or ep.model_path
-        elif self.base_url:
+        else:                   # check_ranges: one of the two is there
             base_url, model, path = self.base_url.rstrip("/").removesuffix("/v1"), self.served_model, self.model_path
-        else:
-            raise UserError("--policy tokens generator=server needs endpoint=RUN_DIR or base_url=http://host:port")
         if not path:
             raise UserError("--policy tokens: model_path (tokenizer + chat template) is required")
         try:

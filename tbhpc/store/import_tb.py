@@ -143,7 +143,12 @@ def _lenient(files: list[Path], reduced: bool = False) -> str:
               FROM ({_read(files, {**_LENIENT, **column})}))"""
 
 
-NUMBERED = "row_number() OVER (PARTITION BY task_id ORDER BY line_order) - 1"   # a uid's lines in file order: 0, 1, ...
+def attempt_index(order: str) -> str:
+    """A line's place among its uid's lines (0, 1, ...), lines ordered by the column `order`."""
+    return f"row_number() OVER (PARTITION BY task_id ORDER BY {order}) - 1"
+
+
+NUMBERED = attempt_index("line_order")
 
 
 def _select(lines: str, campaign: str, policy_id: str, index: str = NUMBERED) -> str:
@@ -372,7 +377,7 @@ def _staged(files: list[Path], stage: Path) -> str:
                        "(FORMAT parquet, COMPRESSION uncompressed)")
     rows = f"read_parquet({literal(str(stage))}, file_row_number=true)"
     return (f"SELECT n.attempt, s.* EXCLUDE (file_row_number) FROM {rows} s JOIN (SELECT file_row_number AS r, "
-            f"row_number() OVER (PARTITION BY task_id ORDER BY file_row_number) - 1 AS attempt FROM {rows}) n "
+            f"{attempt_index('file_row_number')} AS attempt FROM {rows}) n "
             f"ON s.file_row_number = n.r")
 
 
