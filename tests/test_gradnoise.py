@@ -60,7 +60,8 @@ def test_group_gradient_is_the_trainers_on_policy_grpo_gradient(tiny_dir):
     from transformers import AutoModelForCausalLM
 
     from tbhpc.train.grpo import policy_loss
-    from tbhpc.train.packing import effective_budget, pack, token_logprobs
+    from tbhpc.train.logprobs import token_logprobs
+    from tbhpc.train.packing import effective_budget, pack
     model = AutoModelForCausalLM.from_pretrained(str(tiny_dir), dtype=torch.float32)
     eps = _episodes(model.config.vocab_size, 0, 0, [1, 0, 0, 1])
     mine = group_gradients(model, [eps])[0]

@@ -13,7 +13,8 @@ from tbhpc.rollout.buffer import Episode
 from tbhpc.train.config import TrainConfig
 from tbhpc.train.draw import draw, episode_seed, load_pool
 from tbhpc.train.engine import DistEnv, ds_config
-from tbhpc.train.packing import bins, pack, token_logprobs
+from tbhpc.train.logprobs import token_logprobs
+from tbhpc.train.packing import bins, pack
 from tbhpc.train.queue import DROPPED, FLAT, MIXED, DrawQueue, decide, make_store
 from tbhpc.train.record import step_line
 
@@ -177,8 +178,8 @@ def test_config_errors_name_the_field(tmp_path):
 
 
 def test_deepspeed_config_follows_the_device():
-    cpu = ds_config(TrainConfig(), gpu=False)
-    gpu = ds_config(TrainConfig(zero_stage=2), gpu=True)
+    cpu = ds_config(TrainConfig(), gpu=False, hidden=64)
+    gpu = ds_config(TrainConfig(zero_stage=2), gpu=True, hidden=64)
     assert cpu["bf16"]["enabled"] is False and gpu["bf16"]["enabled"] is True
     assert cpu["zero_optimization"]["stage"] == 3 and gpu["zero_optimization"]["stage"] == 2
     assert cpu["optimizer"]["params"] == {"lr": 1e-6, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8,

@@ -93,6 +93,15 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     microbatch_tokens: int = 16384        # packed tokens per forward pass
     torch_threads: int = 1                # CPU ranks
+    # memory (tbhpc plan prints what each costs; none changes what is learnt)
+    logprob_chunk: int = 2048             # positions per chunk of the output head (logprobs never hold [T, V])
+    sp_size: int = 1                      # Ulysses sequence parallelism: ranks that share one micro-batch's tokens
+    tiled_mlp: bool = False               # the MLP runs on slices of at most hidden_size tokens (DeepSpeed TiledMLP)
+    checkpoint_offload: bool = False      # gradient checkpoints (each layer's input) kept in host memory
+    offload_optimizer: bool = False       # ZeRO: fp32 master weights, gradients and Adam states in host memory
+    offload_params: bool = False          # ZeRO-3: bf16 parameter partitions in host memory too
+    gpu_memory_gb: float = 80.0           # memory of one GPU, for the plan (H100 80, H200 141)
+    host_memory_gb: float = 0.0           # memory of one node, for the plan (0: not checked)
     # what the run keeps
     checkpoint_every: int = 1             # DeepSpeed checkpoint (optimizer state) every N steps, for resume
     keep_checkpoints: int = 2             # DeepSpeed checkpoints kept
@@ -111,7 +120,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("steps", "group_size", "groups_per_step", "episodes_in_flight", "max_tokens",
-                     "response_budget", "microbatch_tokens", "torch_threads", "nodes", "checkpoint_every"):
+                     "response_budget", "microbatch_tokens", "torch_threads", "nodes", "checkpoint_every",
+                     "logprob_chunk", "sp_size"):
             if getattr(self, name) < 1:
                 raise UserError(f"train config: field {name!r} must be >= 1, got {getattr(self, name)!r}")
         if self.group_size < 2:
@@ -136,6 +146,7 @@ class TrainConfig:
         if self.dual_clip and self.dual_clip <= 1:
             raise UserError(f"train config: field 'dual_clip' must be > 1 or 0 (off), got {self.dual_clip!r}")
         self._check_stability()
+        self._check_memory_fields()
         if len(self.betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in self.betas):
             raise UserError(f"train config: field 'betas' must be two numbers in [0, 1), got {self.betas!r}")
         for name, ok, want in (("lr", lambda v: v > 0, "> 0"), ("temperature", lambda v: v > 0, "> 0"),
@@ -184,6 +195,23 @@ class TrainConfig:
             if self.checkpoint_every != 1 or self.keep_checkpoints < 2:
                 raise UserError("train config: the collapse guard needs checkpoint_every 1 and keep_checkpoints >= 2 "
                                 "(it restores the step before the one whose rollouts tripped it)")
+
+    def _check_memory_fields(self) -> None:
+        for name in ("gpu_memory_gb", "host_memory_gb"):
+            v = getattr(self, name)
+            if not (_finite(v) and v >= 0):
+                raise UserError(f"train config: field {name!r} must be a finite number >= 0, got {v!r}")
+        if self.offload_params and self.zero_stage != 3:
+            raise UserError("train config: field 'offload_params' needs zero_stage 3 (only ZeRO-3 partitions parameters)")
+        if self.offload_optimizer and self.zero_stage == 0:
+            raise UserError("train config: field 'offload_optimizer' needs zero_stage 1, 2 or 3")
+        if self.sp_size > 1 and self.zero_stage != 3:
+            raise UserError("train config: field 'sp_size' > 1 needs zero_stage 3 (its ranks share one partitioned model)")
+
+    @property
+    def ranks(self) -> int:
+        """Trainer processes: one per GPU, or one per node on CPU nodes."""
+        return self.nodes * max(self.gpus_per_node, 1)
 
     @property
     def draw_cap(self) -> int:

@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
-from tbhpc.errors import TbhpcError
+from tbhpc.errors import TbhpcError, UserError
+from tbhpc.plan.memory import zero_buffers
+from tbhpc.train import longseq, memstat
 from tbhpc.train.config import TrainConfig
 from tbhpc.train.grpo import policy_loss
-from tbhpc.train.packing import Packed, token_logprobs
+from tbhpc.train.loading import load_hf, load_partitioned
+from tbhpc.train.logprobs import install as install_logprob_head
+from tbhpc.train.logprobs import token_logprobs
+from tbhpc.train.packing import Packed
 
 
 @dataclass
@@ -91,12 +96,24 @@ def resolved_dtype(cfg: TrainConfig, gpu: bool) -> str:
     return cfg.dtype if cfg.dtype != "auto" else ("bf16" if gpu else "fp32")
 
 
-def ds_config(cfg: TrainConfig, gpu: bool) -> dict:
-    """The DeepSpeed config (pure: golden-tested). One micro-batch per backward, boundaries set by hand."""
+def ds_config(cfg: TrainConfig, gpu: bool, hidden: int) -> dict:
+    """The DeepSpeed config (pure: golden-tested). One micro-batch per backward, boundaries set by hand.
+    ZeRO's buffer sizes follow the model's width (`plan.memory.zero_buffers`: what the plan counts)."""
     bf16 = resolved_dtype(cfg, gpu) == "bf16"
     zero: dict[str, Any] = {"stage": cfg.zero_stage}
+    buffers = zero_buffers(hidden)
+    if cfg.zero_stage:
+        zero["reduce_bucket_size"] = buffers["reduce_bucket_size"]
     if cfg.zero_stage == 3:
-        zero.update({"stage3_gather_16bit_weights_on_model_save": True, "overlap_comm": gpu, "contiguous_gradients": True})
+        zero.update({"stage3_gather_16bit_weights_on_model_save": True, "overlap_comm": gpu, "contiguous_gradients": True,
+                     **{k: v for k, v in buffers.items() if k.startswith("stage3_")}})
+    if cfg.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": gpu}
+    if cfg.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": gpu}
+    extra = {}
+    if (cfg.offload_optimizer or cfg.offload_params) and not gpu:
+        extra["zero_force_ds_cpu_optimizer"] = False      # a CPU rank keeps torch's AdamW (no C++ build)
     return {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
@@ -108,6 +125,7 @@ def ds_config(cfg: TrainConfig, gpu: bool) -> dict:
         "fp16": {"enabled": False},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
+        **extra,
     }
 
 
@@ -122,6 +140,8 @@ class UpdateStats:
     mismatch: float = 0.0         # mean |trainer - server| logprob on this rank's loss tokens
     ratio_max: float = 0.0
     truncated: float = 0.0        # share of this rank's loss tokens whose IS weight hit tis_cap
+    entropy: float = 0.0          # mean entropy of the trained policy over this rank's loss tokens (nats)
+    peak_bytes: int = 0           # this rank's peak memory during the update (GPU allocated, or CPU resident)
 
 
 class Engine:
@@ -134,7 +154,7 @@ class Engine:
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
             torch.set_num_threads(cfg.torch_threads)
         import deepspeed
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         env.export()
         if self.gpu:
@@ -146,14 +166,31 @@ class Engine:
             # through the gloo process group. Marked incompatible, it is never built.
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend="nccl" if self.gpu else "gloo", verbose=False)
+        self.sp = cfg.sp_size
+        if env.world % self.sp:
+            raise UserError(f"train config: field 'sp_size' ({self.sp}) must divide the trainer's {env.world} ranks")
         dtype = torch.bfloat16 if resolved_dtype(cfg, self.gpu) == "bf16" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype, attn_implementation=attention_kernel(self.gpu))
-        if cfg.gradient_checkpointing:
+        from transformers import AutoConfig
+        hidden = AutoConfig.from_pretrained(cfg.model).get_text_config().hidden_size
+        config, attn = ds_config(cfg, self.gpu, hidden), attention_kernel(self.gpu)
+        if cfg.zero_stage == 3:
+            model = load_partitioned(cfg.model, dtype, attn, config, env.rank)
+        else:
+            model = load_hf(cfg.model, dtype, attn)
+        install_logprob_head(model)
+        mpu = None
+        if self.sp > 1:
+            mpu = longseq.register_ulysses(model, attn, self.sp)
+            self.sp_group, self.sp_rank = mpu.get_sequence_parallel_group(), mpu.get_sequence_parallel_rank()
+        if cfg.tiled_mlp:
+            longseq.tile_mlps(model, lambda n: int(self.all_reduce([n], "max")[0]))
+        if cfg.checkpoint_offload:
+            longseq.offload_checkpoints(model)
+        elif cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.config.use_cache = False
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                               config=ds_config(cfg, self.gpu))
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config, mpu=mpu)
         self.device = self.engine.device
 
     @property
@@ -198,6 +235,11 @@ class Engine:
         import torch
 
         cfg = self.cfg
+        memstat.reset_peak(self.gpu)
+        if self.sp > 1:     # the SP group trains on its pooled micro-batches, each rank on its slice of each
+            packs = [longseq.sp_slice(p, self.sp_rank, self.sp, count_episodes=self.sp_rank == 0)
+                     for p in longseq.sp_share(packs, self.sp_group, self.sp)]
+        reducer = self.env.world // self.sp          # DeepSpeed averages gradients over data-parallel replicas
         local_tokens = sum(p.n_loss_tokens for p in packs)
         local_episodes = sum(len(p.episodes) for p in packs)
         global_tokens, global_episodes = self.all_reduce([local_tokens, local_episodes], "sum")
@@ -207,25 +249,27 @@ class Engine:
         if global_tokens <= 0:
             return st
         self.engine.train()
-        clipped = mism = capped = 0.0
+        clipped = mism = capped = ent = 0.0
         plain = None
         for k in range(n_micro):
             self.engine.set_gradient_accumulation_boundary(k == n_micro - 1)
             if k < len(packs):
                 p = packs[k]
-                lp = token_logprobs(self.engine, _to(p, self.device))
+                lp, entropy = token_logprobs(self.engine, _to(p, self.device), cfg.logprob_chunk, entropy=True)
+                ent += float((entropy.detach() * p.loss_mask.to(entropy)).sum())
                 loss, s = policy_loss(lp, p.behaviour.to(self.device), p.advantages.to(self.device),
                                       p.loss_mask.to(self.device), normaliser, cfg.clip_low, cfg.clip_high,
-                                      self.env.world, cfg.dual_clip,
+                                      reducer, cfg.dual_clip,
                                       None if p.weights is None else p.weights.to(self.device), cfg.tis_cap)
                 clipped += s.clip_fraction * s.loss_tokens
                 capped += s.truncated * s.loss_tokens
                 mism += s.mismatch * s.loss_tokens
                 st.ratio_max = max(st.ratio_max, s.ratio_max)
-                st.loss += float(loss.item()) / self.env.world
+                st.loss += float(loss.item()) / reducer
             else:   # this rank has fewer micro-batches: a zero-loss pass keeps the collectives in step
                 ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
-                loss = self.engine(input_ids=ids, use_cache=False).logits.sum() * 0.0
+                pos = torch.arange(2, device=self.device)[None]
+                loss = self.engine(input_ids=ids, position_ids=pos, use_cache=False).logits.sum() * 0.0
             self.engine.backward(loss)
             if k == n_micro - 1 and cfg.zero_stage == 0:
                 # DeepSpeed clips but does not keep the norm without ZeRO: measure the reduced gradient here
@@ -236,6 +280,8 @@ class Engine:
         st.clip_fraction = clipped / local_tokens if local_tokens else 0.0
         st.mismatch = mism / local_tokens if local_tokens else 0.0
         st.truncated = capped / local_tokens if local_tokens else 0.0
+        st.entropy = ent / local_tokens if local_tokens else 0.0
+        st.peak_bytes = memstat.peak(self.gpu)
         return st
 
     def consolidated_state_dict(self) -> dict | None:
@@ -268,5 +314,4 @@ class Engine:
 def _to(p: Packed, device) -> Packed:
     if str(device) == "cpu":
         return p
-    return Packed(p.input_ids.to(device), p.position_ids.to(device), p.loss_mask, p.behaviour, p.advantages,
-                  p.episodes, p.n_tokens, p.n_loss_tokens, p.weights)
+    return replace(p, input_ids=p.input_ids.to(device), position_ids=p.position_ids.to(device))

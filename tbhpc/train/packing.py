@@ -36,6 +36,8 @@ class Packed:
     n_tokens: int
     n_loss_tokens: int
     weights: object = None       # float [T-1]: 1 / the episode's loss tokens (seq-mean aggregation), else None
+    targets: object = None       # long [T]: a sequence-parallel slice's target per position (longseq.sp_slice);
+                                 # then the per-target arrays have T entries too
 
 
 def bins(lengths: list[int], budget: int) -> list[list[int]]:
@@ -90,11 +92,3 @@ def pack(episodes: list, advantages: list[float], budget: int, seq_weights: bool
                           int(mask.sum()), weights))
     return out
 
-
-def token_logprobs(model, mb: Packed):
-    """Logprob of every target token under `model`, from one packed forward pass ([T-1], float32)."""
-    import torch
-
-    logits = model(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False).logits[0, :-1].float()
-    targets = mb.input_ids[0, 1:]
-    return torch.log_softmax(logits, -1).gather(1, targets[:, None]).squeeze(1)

@@ -140,7 +140,8 @@ def sft(model_dir: str, out_dir: str, tasks: list, phases: list[Phase], batch_to
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tbhpc.train.packing import pack, token_logprobs
+    from tbhpc.train.logprobs import token_logprobs
+    from tbhpc.train.packing import pack
 
     torch.manual_seed(seed)
     torch.set_num_threads(threads)

@@ -1,0 +1,395 @@
+"""The memory plan of a training config: what one GPU (or CPU rank) holds at the peak of an
+update, term by term, from the model's `config.json` alone. Pure functions.
+
+Why before anything runs: a config that does not fit fails at its first update, hours into a
+48-hour allocation, after the serving job loaded and the first rollouts ran. The plan answers
+first (`tbhpc plan CONFIG`, and the same check inside `tbhpc train` and `tbhpc submit train`),
+names the term that does not fit and the field that shrinks it, and says the longest episode the
+config can train.
+
+The terms, per rank, at the worst micro-batch of T tokens (t = T / sp_size of them on each rank):
+- model states under ZeRO (DeepSpeed's layout): bf16 parameters, fp32 gradient partitions, the
+  fp32 master copy (none when the parameters are fp32 already) and Adam's two moments, each
+  divided by the ranks that partition it; offload moves them to host memory;
+- ZeRO's working buffers: the reduce bucket, one or two layers' parameters gathered, the output
+  head gathered while it runs;
+- activations under gradient checkpointing: each layer's input kept (L x t x hidden), plus one
+  layer's activations and their gradients while the backward recomputes it (the MLP part on
+  slices of <= hidden tokens with `tiled_mlp`); without checkpointing every layer's activations;
+- the output head: chunked logprobs hold chunk x V logits (and their gradient) at a time and the
+  head's gradient in fp32 (tbhpc/train/logprobs.py);
+- a reserve for the CUDA context, NCCL's buffers and the allocator's fragmentation.
+
+The coefficients were measured (docs/memory-plan.md): the per-layer activation bytes on real CPU
+steps of small Qwen3 models of several widths and lengths (tests/test_memory_plan.py holds the plan
+within 20% of them) and on fake tensors at 27B width (bench/memory_plan.py).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tbhpc.errors import UserError
+
+GB = 1e9
+RESERVE_GB = 3.0            # CUDA context (~0.6 GB), NCCL's channel buffers (~1 GB), cuBLAS workspaces
+FRAGMENTATION = 0.05        # PyTorch's caching allocator: blocks reserved but not usable for the next request
+
+
+def zero_buffers(hidden: int) -> dict:
+    """ZeRO's buffer sizes scaled to the model's width (the values transformers' DeepSpeed integration
+    derives with "auto"): a bucket of hidden^2 elements reduces gradients, prefetch ~0.9 hidden^2,
+    parameters under 10 x hidden elements stay gathered (norms)."""
+    h2 = int(hidden) ** 2
+    return {"reduce_bucket_size": max(h2, 1_000_000), "stage3_prefetch_bucket_size": max(int(0.9 * h2), 1_000_000),
+            "stage3_param_persistence_threshold": 10 * int(hidden), "stage3_max_live_parameters": 1_000_000_000}
+
+
+# ---- the model ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs of a dense decoder-only model (Qwen2/3, Llama, Mistral and alike)."""
+    model_type: str
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    tied: bool
+    qk_norm: bool
+    attn_bias: bool
+
+    @classmethod
+    def from_config(cls, cfg: dict, source: str = "config.json") -> "ModelShape":
+        text = cfg.get("text_config") or cfg
+        for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+            if (text.get(key) or 0) > 0:
+                raise UserError(f"{source}: field {key!r}: the memory plan covers dense models; mixture-of-experts is not planned")
+        need = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+        missing = [k for k in need if not isinstance(text.get(k), int) or text.get(k) <= 0]
+        if missing:
+            raise UserError(f"{source}: field {missing[0]!r} is missing or not a positive integer")
+        heads = text["num_attention_heads"]
+        return cls(model_type=str(text.get("model_type") or cfg.get("model_type") or "?"), vocab=text["vocab_size"],
+                   hidden=text["hidden_size"], layers=text["num_hidden_layers"], heads=heads,
+                   kv_heads=int(text.get("num_key_value_heads") or heads),
+                   head_dim=int(text.get("head_dim") or text["hidden_size"] // heads),
+                   intermediate=text["intermediate_size"],
+                   tied=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+                   qk_norm=str(text.get("model_type", "")).startswith("qwen3"),
+                   attn_bias=bool(text.get("attention_bias", str(text.get("model_type", "")) == "qwen2")))
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
+
+    @property
+    def layer_params(self) -> int:
+        h = self.hidden
+        attn = h * self.q_width + 2 * h * self.kv_width + self.q_width * h
+        if self.attn_bias:
+            attn += self.q_width + 2 * self.kv_width
+        norms = 2 * h + (2 * self.head_dim if self.qk_norm else 0)
+        return attn + 3 * h * self.intermediate + norms
+
+    @property
+    def head_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.head_params * (1 if self.tied else 2) + self.hidden
+
+
+def read_shape(model: str) -> ModelShape:
+    """The shape of the model a config names: a directory holding config.json (weights not needed)."""
+    if not model:
+        raise UserError("train config: field 'model' is required (an HF model directory; its config.json is enough "
+                        "for the plan)")
+    path = Path(model).expanduser() / "config.json"
+    if not path.is_file():
+        raise UserError(f"train config: field 'model': {path} not found (the plan reads the model's config.json)")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: cannot read it as JSON ({str(exc).splitlines()[0]})") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: expected a JSON object")
+    return ModelShape.from_config(doc, str(path))
+
+
+# ---- the run's layout -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Layout:
+    nodes: int
+    per_node: int               # ranks per node (GPUs, or 1 on CPU nodes)
+    gpu: bool
+    sp: int
+    zero: int
+    dtype_bytes: int            # parameters and activations: 2 (bf16) or 4 (fp32)
+    attention: str              # flash (varlen: no T^2 term) | sdpa
+    checkpointing: bool
+    checkpoint_offload: bool
+    tiled_mlp: bool
+    offload_optimizer: bool
+    offload_params: bool
+    chunk: int                  # logprob chunk (positions)
+    microbatch_tokens: int
+    max_context: int
+    memory_bytes: float         # one GPU (or a CPU rank's share of its node)
+    host_bytes: float           # one node (0: not checked)
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.per_node
+
+    @property
+    def dp(self) -> int:
+        return self.ranks // self.sp
+
+    @classmethod
+    def of(cls, cfg) -> "Layout":
+        """From a TrainConfig (any object with its fields)."""
+        gpu = cfg.gpus_per_node > 0
+        bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and gpu)
+        return cls(nodes=cfg.nodes, per_node=max(cfg.gpus_per_node, 1), gpu=gpu, sp=cfg.sp_size, zero=cfg.zero_stage,
+                   dtype_bytes=2 if bf16 else 4, attention="flash" if gpu else "sdpa",
+                   checkpointing=bool(cfg.gradient_checkpointing or cfg.checkpoint_offload),
+                   checkpoint_offload=bool(cfg.checkpoint_offload), tiled_mlp=bool(cfg.tiled_mlp),
+                   offload_optimizer=bool(cfg.offload_optimizer), offload_params=bool(cfg.offload_params),
+                   chunk=cfg.logprob_chunk, microbatch_tokens=cfg.microbatch_tokens, max_context=cfg.max_context,
+                   memory_bytes=cfg.gpu_memory_gb * GB if gpu else (cfg.host_memory_gb * GB / max(cfg.gpus_per_node, 1)
+                                                                    if cfg.host_memory_gb else math.inf),
+                   host_bytes=cfg.host_memory_gb * GB)
+
+
+# ---- the terms -------------------------------------------------------------------------------------
+@dataclass
+class Term:
+    name: str
+    bytes: float
+    field: str          # the config field that shrinks it ('' for none)
+    note: str = ""
+
+
+# Per-layer activations a decoder layer keeps for its backward, in elements per token (measured on
+# CPU fp32 steps and on bf16 fake tensors at 27B width: docs/memory-plan.md). The RMSNorms keep an fp32
+# copy of their input when the model is bf16 (`RMSNorm.forward` upcasts), nothing extra in fp32.
+def _layer_elems(s: ModelShape, dtype_bytes: int, mlp_tokens_share: float = 1.0) -> float:
+    """Bytes per token of one layer's saved activations (norms, q/k norms, rotary, attention, MLP)."""
+    wide = 4 if dtype_bytes == 2 else 0                # the fp32 upcast inside each RMSNorm (bf16 models)
+    norms = 2 * s.hidden * (dtype_bytes + wide)
+    qk = (s.q_width + s.kv_width) * (dtype_bytes + wide) if s.qk_norm else 0
+    attn = (s.q_width + 2 * s.kv_width) * dtype_bytes + s.q_width * dtype_bytes     # q, k, v into attention, its output
+    mlp = 4 * s.intermediate * dtype_bytes * mlp_tokens_share                       # gate, act(gate), up, their product
+    return norms + qk + attn + mlp
+
+
+RECOMPUTE_FACTOR = 2.0      # one layer's recomputed activations plus the gradients flowing through them
+
+
+def model_state_terms(s: ModelShape, lay: Layout) -> tuple[list[Term], list[Term]]:
+    """(on the GPU, in host memory) terms of parameters, gradients and optimizer states."""
+    n, pb = s.params, lay.dtype_bytes
+    shard = lay.ranks if lay.zero >= 1 else 1
+    params = n * pb / (lay.ranks if lay.zero == 3 else 1)
+    grads = n * 4 / lay.ranks if lay.zero >= 2 else n * pb
+    master = 0.0 if pb == 4 and lay.zero == 3 and not lay.offload_optimizer else n * 4 / shard
+    adam = n * 8 / shard
+    gpu, host = [], []
+    (host if lay.offload_params else gpu).append(
+        Term("parameters", params, "offload_params" if lay.zero == 3 else "zero_stage",
+             f"{n / 1e9:.2f}B x {pb} B" + (f" / {lay.ranks} ranks" if lay.zero == 3 else "")))
+    (host if lay.offload_optimizer else gpu).append(
+        Term("gradients", grads, "offload_optimizer", "fp32 partitions" if lay.zero >= 2 else "whole model"))
+    (host if lay.offload_optimizer else gpu).append(
+        Term("optimizer states", master + adam, "offload_optimizer",
+             ("fp32 master + " if master else "") + f"Adam m, v (fp32{f' / {shard} ranks' if shard > 1 else ''})"))
+    return gpu, host
+
+
+def zero_buffer_term(s: ModelShape, lay: Layout) -> Term:
+    pb = lay.dtype_bytes
+    buf = zero_buffers(s.hidden)
+    bucket = buf["reduce_bucket_size"] * pb if lay.zero >= 1 and lay.gpu else 0.0
+    gathered = 0.0
+    if lay.zero == 3:   # the layer running and the one prefetched; the output head while it runs (with its gradient)
+        gathered = max(2 * s.layer_params, 2 * s.head_params) * pb
+    return Term("ZeRO buffers", bucket + gathered, "", "reduce bucket + gathered layers / head")
+
+
+def activation_terms(s: ModelShape, lay: Layout, tokens: int) -> tuple[list[Term], list[Term]]:
+    """(GPU, host) terms of one micro-batch of `tokens` tokens (this rank: tokens / sp)."""
+    t = math.ceil(tokens / lay.sp)
+    pb = lay.dtype_bytes
+    mlp_share = min(1.0, s.hidden / t) if lay.tiled_mlp else 1.0
+    per_layer = t * _layer_elems(s, pb, mlp_share)
+    gpu, host = [], []
+    if lay.checkpointing:
+        kept = Term("checkpoints", s.layers * t * s.hidden * pb, "checkpoint_offload",
+                    f"{s.layers} layers x {t:,} tokens x {s.hidden}")
+        (host if lay.checkpoint_offload else gpu).append(kept)
+        gpu.append(Term("layer recompute", RECOMPUTE_FACTOR * per_layer, "tiled_mlp" if not lay.tiled_mlp else "sp_size",
+                        "one layer's activations and gradients"))
+    else:
+        gpu.append(Term("activations", s.layers * per_layer + per_layer, "gradient_checkpointing",
+                        f"{s.layers} layers kept, no checkpointing"))
+    gpu.append(Term("hidden states", 6 * t * s.hidden * 4, "sp_size", "embeddings, final norm, their gradients"))
+    if lay.attention == "sdpa" and lay.sp == 1 and lay.gpu:
+        gpu.append(Term("attention mask", float(t) * t, "", "sdpa builds a T x T mask for packed rows (install flash-attn)"))
+    return gpu, host
+
+
+def logprob_term(s: ModelShape, lay: Layout, tokens: int) -> Term:
+    """The output head's chunked logprobs: a chunk's logits in fp32 with their softmax and gradient, the
+    head's weight gradient in fp32 (and cast back), the hidden states' gradient."""
+    t = math.ceil(tokens / lay.sp)
+    c = min(lay.chunk, t)
+    pb = lay.dtype_bytes
+    chunk = c * s.vocab * (4 + 4 + pb)
+    head_grad = s.head_params * (4 + pb)
+    return Term("logprobs", chunk + head_grad, "logprob_chunk", f"chunks of {c:,} x {s.vocab:,} vocab")
+
+
+def full_logprob_bytes(s: ModelShape, tokens: int, dtype_bytes: int) -> float:
+    """What the [T, V] route held (the logits, their fp32 copy, log-softmax and its gradient): the
+    baseline bench/memory_plan.py measures the chunked route against."""
+    return float(tokens) * s.vocab * (dtype_bytes + 3 * 4)
+
+
+# ---- the plan -------------------------------------------------------------------------------------
+@dataclass
+class MemoryPlan:
+    model: str
+    shape: ModelShape
+    layout: Layout
+    tokens: int                                 # the worst micro-batch's tokens (whole, before sp)
+    terms: list[Term] = field(default_factory=list)
+    host_terms: list[Term] = field(default_factory=list)
+    total: float = 0.0
+    host_total: float = 0.0
+    longest_episode: int = 0
+    problem: str = ""                           # one line when it does not fit
+
+    @property
+    def fits(self) -> bool:
+        return not self.problem
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(fits=self.fits, params=self.shape.params, ranks=self.layout.ranks, dp=self.layout.dp)
+        return d
+
+
+def _sum(terms: list[Term]) -> float:
+    return sum(t.bytes for t in terms)
+
+
+def peak_terms(s: ModelShape, lay: Layout, tokens: int) -> tuple[list[Term], list[Term]]:
+    """Every (GPU, host) term at a micro-batch of `tokens` tokens, the reserve included on a GPU."""
+    gpu, host = model_state_terms(s, lay)
+    gpu.append(zero_buffer_term(s, lay))
+    act, act_host = activation_terms(s, lay, tokens)
+    gpu += act + [logprob_term(s, lay, tokens)]
+    host += act_host
+    if lay.gpu:
+        gpu.append(Term("reserve", RESERVE_GB * GB + FRAGMENTATION * lay.memory_bytes, "",
+                        f"CUDA context, NCCL, {FRAGMENTATION:.0%} fragmentation"))
+    host = [Term(t.name, t.bytes * lay.per_node, t.field, t.note + f" x {lay.per_node} ranks") for t in host]
+    return gpu, host
+
+
+def longest_episode(s: ModelShape, lay: Layout) -> int:
+    """The most tokens one micro-batch (one episode alone) can hold and still fit (0: none)."""
+    def fits(n: int) -> bool:
+        gpu, host = peak_terms(s, lay, n)
+        return _sum(gpu) <= lay.memory_bytes and (not lay.host_bytes or _sum(host) <= lay.host_bytes)
+    if not math.isfinite(lay.memory_bytes) or not fits(lay.sp):
+        return 0
+    lo, hi = lay.sp, lay.sp
+    while fits(hi * 2) and hi < 1 << 26:
+        hi *= 2
+    lo, hi = hi, hi * 2
+    while hi - lo > lay.sp:
+        mid = (lo + hi) // 2 // lay.sp * lay.sp
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def plan(cfg, shape: ModelShape | None = None) -> MemoryPlan:
+    """The plan of a TrainConfig (the model's config.json read unless `shape` is given)."""
+    s = shape or read_shape(cfg.model)
+    lay = Layout.of(cfg)
+    if lay.ranks % lay.sp:
+        return MemoryPlan(cfg.model, s, lay, 0, problem=f"field 'sp_size' ({lay.sp}) must divide the trainer's "
+                          f"{lay.ranks} ranks (nodes x gpus_per_node)")
+    if lay.sp > 1 and (s.heads % lay.sp or not (s.kv_heads % lay.sp == 0 or lay.sp % s.kv_heads == 0)):
+        return MemoryPlan(cfg.model, s, lay, 0, problem=f"field 'sp_size' ({lay.sp}) must divide the model's {s.heads} "
+                          f"attention heads and divide or be a multiple of its {s.kv_heads} key/value heads")
+    tokens = max(lay.microbatch_tokens, lay.max_context)
+    gpu, host = peak_terms(s, lay, tokens)
+    p = MemoryPlan(cfg.model, s, lay, tokens, gpu, host, _sum(gpu), _sum(host), longest_episode(s, lay))
+    p.problem = verdict(p)
+    return p
+
+
+def verdict(p: MemoryPlan) -> str:
+    """'' when the plan fits, else one line naming the term that does not fit and the field to change."""
+    lay = p.layout
+    what = "a GPU" if lay.gpu else "a rank"
+    if p.total > lay.memory_bytes:
+        big = max((t for t in p.terms if t.field), key=lambda t: t.bytes)
+        episode = (f"an episode of max_context {lay.max_context:,} tokens" if lay.max_context >= lay.microbatch_tokens
+                   else f"a micro-batch of microbatch_tokens {lay.microbatch_tokens:,}")
+        return (f"does not fit: {episode} needs {p.total / GB:.1f} GB on {what} of {lay.memory_bytes / GB:.0f} GB; "
+                f"the largest term is {big.name} ({big.bytes / GB:.1f} GB): change field '{big.field}'"
+                + (f" (the longest episode that fits: {p.longest_episode:,} tokens)" if p.longest_episode else ""))
+    if lay.host_bytes and p.host_total > lay.host_bytes:
+        big = max(p.host_terms, key=lambda t: t.bytes)
+        return (f"does not fit: host memory {p.host_total / GB:.1f} GB per node of host_memory_gb "
+                f"{lay.host_bytes / GB:.0f}; the largest term is {big.name} ({big.bytes / GB:.1f} GB): change field "
+                f"'{big.field}'")
+    return ""
+
+
+def render(p: MemoryPlan) -> str:
+    """The plan as text (pure: golden-tested)."""
+    s, lay = p.shape, p.layout
+    lines = [f"memory plan: {p.model or '(model)'}",
+             f"  model     {s.model_type}, {s.params / 1e9:.2f}B parameters: {s.layers} layers, hidden {s.hidden:,}, "
+             f"{s.heads}/{s.kv_heads} heads x {s.head_dim}, MLP {s.intermediate:,}, vocab {s.vocab:,}"
+             f"{', tied head' if s.tied else ''}",
+             f"  layout    {lay.nodes} node(s) x {lay.per_node} {'GPU' if lay.gpu else 'CPU rank'}(s) = {lay.ranks} ranks; "
+             f"sequence parallel {lay.sp}, data parallel {lay.dp}; ZeRO-{lay.zero}; "
+             f"{'bf16' if lay.dtype_bytes == 2 else 'fp32'}; attention {lay.attention}"
+             + (" (assumes flash-attn on the nodes)" if lay.gpu and lay.attention == "flash" else ""),
+             f"  options   checkpointing {'offloaded' if lay.checkpoint_offload else 'on' if lay.checkpointing else 'off'}, "
+             f"tiled MLP {'on' if lay.tiled_mlp else 'off'}, optimizer offload {'on' if lay.offload_optimizer else 'off'}, "
+             f"parameter offload {'on' if lay.offload_params else 'off'}, logprob chunk {lay.chunk:,}",
+             f"  worst micro-batch: {p.tokens:,} tokens ({math.ceil(p.tokens / lay.sp):,} on each rank of an SP group)",
+             f"  per {'GPU' if lay.gpu else 'rank'}:"]
+    for t in p.terms:
+        lines.append(f"    {t.name:<18} {t.bytes / GB:8.2f} GB  {t.note}")
+    if math.isfinite(lay.memory_bytes):
+        lines.append(f"    {'total':<18} {p.total / GB:8.2f} GB  of {lay.memory_bytes / GB:.0f} GB: headroom "
+                     f"{(lay.memory_bytes - p.total) / GB:.2f} GB")
+    else:
+        lines.append(f"    {'total':<18} {p.total / GB:8.2f} GB  (CPU ranks: give host_memory_gb to check it)")
+    if p.host_terms:
+        lines.append("  host memory per node:")
+        for t in p.host_terms:
+            lines.append(f"    {t.name:<18} {t.bytes / GB:8.2f} GB  {t.note}")
+        lines.append(f"    {'total':<18} {p.host_total / GB:8.2f} GB"
+                     + (f"  of {lay.host_bytes / GB:.0f} GB" if lay.host_bytes else ""))
+    if p.longest_episode:
+        lines.append(f"  longest episode that fits: {p.longest_episode:,} tokens")
+    lines.append(f"  verdict: {'fits' if p.fits else p.problem}")
+    return "\n".join(lines)
