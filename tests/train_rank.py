@@ -7,17 +7,20 @@ import sys
 import numpy as np
 
 
-def main(model: str, world: int, rank: int, port: int, out: str, stage: int, loss_agg: str = "token-mean") -> None:
-    """`port` 0: MASTER_PORT from the environment (tests/helpers.run_ranks)."""
+def main(model: str, world: int, rank: int, port: int, out: str, stage: int, loss_agg: str = "token-mean",
+         overrides: str = "{}") -> None:
+    """`port` 0: MASTER_PORT from the environment (tests/helpers.run_ranks). `overrides`: TrainConfig
+    fields as JSON (the memory options of tests/test_train_longseq.py)."""
     import torch
 
     from tbhpc.rollout.buffer import Episode
     from tbhpc.train.config import TrainConfig
     from tbhpc.train.engine import DistEnv, Engine
-    from tbhpc.train.packing import pack
+    from tbhpc.train import longseq
+    from tbhpc.train.packing import effective_budget, pack
 
     cfg = TrainConfig(model=model, pool="-", lr=1e-3, zero_stage=stage, microbatch_tokens=96, dual_clip=3.0,
-                      loss_agg=loss_agg)
+                      loss_agg=loss_agg, **json.loads(overrides))
     import os
     eng = Engine(cfg, DistEnv(rank, world, 0, "127.0.0.1", port or int(os.environ["MASTER_PORT"])))
     rng = np.random.default_rng(0)
@@ -29,14 +32,20 @@ def main(model: str, world: int, rank: int, port: int, out: str, stage: int, los
         eps.append(Episode(rng.integers(0, vocab, n), mask, np.where(mask, rng.normal(-3, 0.5, n), 0.0), 0, 0.0))
         adv.append(float(rng.normal()))
     mine = list(range(rank, len(eps), world))
-    stats = eng.update(pack([eps[i] for i in mine], [adv[i] for i in mine], cfg.microbatch_tokens,
+    budget = effective_budget(cfg.microbatch_tokens, [len(eps[i].tokens) for i in mine], "sdpa", cfg.sp_size)
+    if cfg.sp_size == 1:
+        budget = cfg.microbatch_tokens      # packed rows as the 1/2/3-rank comparison always had them
+    stats = eng.update(pack([eps[i] for i in mine], [adv[i] for i in mine], budget,
                             seq_weights=loss_agg == "seq-mean-token-mean"))
-    loss = eng.all_reduce([stats.loss])[0]
+    loss, loss_tokens = eng.all_reduce([stats.loss, stats.loss_tokens])
     sd = eng.consolidated_state_dict()
     if rank == 0:
         torch.save(sd, out + ".pt")
         import deepspeed.comm as dscomm
         json.dump({"loss": loss, "grad_norm": stats.grad_norm, "micro": stats.micro_batches,
+                   "entropy": stats.entropy, "loss_tokens": loss_tokens, "tokens": stats.tokens,
+                   "used": dict(longseq.USED), "sp": eng.sp,
+                   "offload": [bool(eng.engine.zero_offload_optimizer()), bool(eng.engine.zero_offload_param())],
                    "shm_op_built": dscomm.comm.cdb.shm_comm_op is not None}, open(out + ".json", "w"))
     eng.leave(0)     # the rank's exit path of `tbhpc train` (Engine.leave says why)
 

@@ -331,9 +331,9 @@ def plan(cfg, shape: ModelShape | None = None) -> MemoryPlan:
     if lay.ranks % lay.sp:
         return MemoryPlan(cfg.model, s, lay, 0, problem=f"field 'sp_size' ({lay.sp}) must divide the trainer's "
                           f"{lay.ranks} ranks (nodes x gpus_per_node)")
-    if lay.sp > 1 and (s.heads % lay.sp or not (s.kv_heads % lay.sp == 0 or lay.sp % s.kv_heads == 0)):
+    if lay.sp > 1 and (s.heads % lay.sp or s.kv_heads % lay.sp):
         return MemoryPlan(cfg.model, s, lay, 0, problem=f"field 'sp_size' ({lay.sp}) must divide the model's {s.heads} "
-                          f"attention heads and divide or be a multiple of its {s.kv_heads} key/value heads")
+                          f"attention heads and its {s.kv_heads} key/value heads")
     tokens = max(lay.microbatch_tokens, lay.max_context)
     gpu, host = peak_terms(s, lay, tokens)
     p = MemoryPlan(cfg.model, s, lay, tokens, gpu, host, _sum(gpu), _sum(host), longest_episode(s, lay))

@@ -106,6 +106,7 @@ def ds_config(cfg: TrainConfig, gpu: bool, hidden: int) -> dict:
         zero["reduce_bucket_size"] = buffers["reduce_bucket_size"]
     if cfg.zero_stage == 3:
         zero.update({"stage3_gather_16bit_weights_on_model_save": True, "overlap_comm": gpu, "contiguous_gradients": True,
+                     "reduce_scatter": True,
                      **{k: v for k, v in buffers.items() if k.startswith("stage3_")}})
     if cfg.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": gpu}
@@ -239,7 +240,9 @@ class Engine:
         if self.sp > 1:     # the SP group trains on its pooled micro-batches, each rank on its slice of each
             packs = [longseq.sp_slice(p, self.sp_rank, self.sp, count_episodes=self.sp_rank == 0)
                      for p in longseq.sp_share(packs, self.sp_group, self.sp)]
-        reducer = self.env.world // self.sp          # DeepSpeed averages gradients over data-parallel replicas
+        # ZeRO-3's reduce-scatter averages every gradient over all ranks, sequence-parallel peers included
+        # (its contiguous-bucket path would divide by world / sp instead: ds_config pins reduce_scatter on)
+        reducer = self.env.world
         local_tokens = sum(p.n_loss_tokens for p in packs)
         local_episodes = sum(len(p.episodes) for p in packs)
         global_tokens, global_episodes = self.all_reduce([local_tokens, local_episodes], "sum")

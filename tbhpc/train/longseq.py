@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import math
 import types
+from collections import Counter
 from dataclasses import replace
 
 import torch
 
 from tbhpc.errors import UserError
 from tbhpc.train.packing import Packed
+
+USED: Counter = Counter()       # how often each option engaged in this process (tiled MLP calls, offloaded recomputes)
 
 
 # ---- sequence parallelism -------------------------------------------------------------------------
@@ -36,9 +39,11 @@ def register_ulysses(model, attn_implementation: str, sp_size: int):
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
     cfg = model.config.get_text_config()
     heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
-    if heads % sp_size or not (kv % sp_size == 0 or sp_size % kv == 0):
+    if heads % sp_size or kv % sp_size:
+        # (Ulysses could replicate key/value heads when sp > kv, but it then rewrites the attention modules'
+        # num_key_value_groups, which breaks the whole-sequence forwards of eval mode: not offered)
         raise UserError(f"train config: field 'sp_size' ({sp_size}) must divide the model's {heads} attention heads "
-                        f"and divide or be a multiple of its {kv} key/value heads")
+                        f"and its {kv} key/value heads")
     return UlyssesSPAttentionHF.register_with_transformers(model, attn_implementation, sp_size, micro_batch_size=1,
                                                            seq_length_is_variable=True, disable_in_eval=True)
 
@@ -95,6 +100,7 @@ def tile_mlps(model, agree) -> int:
         if not self.training:
             return mlp_fn(self, x)
         shards = agree(max(1, math.ceil(x.shape[-2] / hidden)))
+        USED["mlp_tiles"] += shards
         params = [self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight]
         return TiledMLP.apply(mlp_fn, self, x, shards, params)
 
@@ -126,6 +132,7 @@ class _OffloadedCheckpoint(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         hidden = ctx.host.to(ctx.device, non_blocking=True).requires_grad_(True)
+        USED["offloaded_recomputes"] += 1
         ctx.host = None
         cpu_rng, dev_rng = ctx.rng
         with torch.random.fork_rng(devices=[ctx.device] if dev_rng is not None else []):

@@ -228,7 +228,7 @@ class Trainer:
             stats, action = self._guard_trips(step, verdict)
         else:
             budget = effective_budget(cfg.microbatch_tokens, [len(e.tokens) for e in episodes],
-                                      getattr(self.eng.module.config, "_attn_implementation", None))
+                                      getattr(self.eng.module.config, "_attn_implementation", None), cfg.sp_size)
             stats = self.eng.update(pack(episodes, adv, budget, seq_weights=cfg.loss_agg == "seq-mean-token-mean"))
         update_s, t_updated = time.monotonic() - t0, time.time()
         self._check_budget(step, time.monotonic() - t_free)

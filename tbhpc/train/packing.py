@@ -58,10 +58,14 @@ def bins(lengths: list[int], budget: int) -> list[list[int]]:
     return [sorted(b) for b in out]
 
 
-def effective_budget(budget: int, lengths: list[int], attn_implementation: str | None) -> int:
-    """Tokens per packed pass: `budget` with a varlen kernel, else at most the longest episode."""
+def effective_budget(budget: int, lengths: list[int], attn_implementation: str | None, sp_size: int = 1) -> int:
+    """Tokens per packed pass: `budget` with a varlen kernel, else at most the longest episode.
+    Under sequence parallelism without a varlen kernel, one episode per pass: Ulysses drops the
+    block mask and SDPA would attend across episodes (longseq.py)."""
     if attn_implementation and "flash" in attn_implementation:
         return budget
+    if sp_size > 1:
+        return 1
     return max(1, min(budget, max(lengths, default=1)))
 
 
