@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "warmstart":
             from tbhpc import cli_train
             return cli_train.run_warmstart(args)
+        if args.cmd == "plan":
+            from tbhpc import cli_train
+            return cli_train.run_plan(args)
         if args.cmd == "grad-noise":
             from tbhpc import cli_train
             return cli_train.run_grad_noise(args)

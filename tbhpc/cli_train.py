@@ -17,6 +17,11 @@ def add_parsers(sub) -> None:
     p.add_argument("--config", type=Path, help="YAML train config (see jobs/train.yaml)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     add_noise_parser(sub)
+    pl = sub.add_parser("plan", help="a training config's memory plan: per-GPU bytes by term, the longest episode it "
+                                     "can train, whether it fits (the model's config.json is enough)")
+    pl.add_argument("config", type=Path, help="YAML train config (see jobs/train-reference.yaml)")
+    pl.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. model=DIR gpu_memory_gb=141 sp_size=8")
+    pl.add_argument("--json", action="store_true", help="the plan as JSON")
     w = sub.add_parser("warmstart", help="build a small model and fine-tune it on oracle episodes (a GRPO start point)")
     w.add_argument("--out", type=out_arg, required=True, help="where the warm-started HF model goes")
     w.add_argument("--force", action="store_true", help="write into a non-empty folder that does not hold a model")
@@ -174,7 +179,32 @@ def load(args):
     from tbhpc.train.config import TrainConfig
     cfg = load_config(TrainConfig, args.config, args.overrides)
     cfg.validate(str(args.config or "train config"))
+    check_memory(cfg, str(args.config or "train config"))
     return cfg
+
+
+def check_memory(cfg, source: str) -> None:
+    """Refuse, in one line, a config whose memory plan does not fit (before any run directory exists).
+    A model named by something other than a local directory with config.json is not planned."""
+    from tbhpc.plan.memory import plan
+    if not (Path(cfg.model).expanduser() / "config.json").is_file():
+        return
+    p = plan(cfg)
+    if not p.fits:
+        raise UserError(f"{source}: {p.problem} (`tbhpc plan {source}` prints the whole plan)")
+
+
+def run_plan(args) -> int:
+    import json
+
+    from tbhpc.plan.memory import plan, render
+    from tbhpc.train.config import TrainConfig
+    cfg = load_config(TrainConfig, args.config, args.overrides)
+    p = plan(cfg)
+    print(json.dumps(p.as_dict(), indent=1, default=str) if args.json else render(p), flush=True)
+    if not p.fits:
+        raise UserError(f"{args.config}: {p.problem}")
+    return 0
 
 
 def run(args) -> int:

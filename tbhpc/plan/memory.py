@@ -180,20 +180,25 @@ class Term:
     note: str = ""
 
 
-# Per-layer activations a decoder layer keeps for its backward, in elements per token (measured on
-# CPU fp32 steps and on bf16 fake tensors at 27B width: docs/memory-plan.md). The RMSNorms keep an fp32
-# copy of their input when the model is bf16 (`RMSNorm.forward` upcasts), nothing extra in fp32.
-def _layer_elems(s: ModelShape, dtype_bytes: int, mlp_tokens_share: float = 1.0) -> float:
-    """Bytes per token of one layer's saved activations (norms, q/k norms, rotary, attention, MLP)."""
-    wide = 4 if dtype_bytes == 2 else 0                # the fp32 upcast inside each RMSNorm (bf16 models)
-    norms = 2 * s.hidden * (dtype_bytes + wide)
-    qk = (s.q_width + s.kv_width) * (dtype_bytes + wide) if s.qk_norm else 0
-    attn = (s.q_width + 2 * s.kv_width) * dtype_bytes + s.q_width * dtype_bytes     # q, k, v into attention, its output
-    mlp = 4 * s.intermediate * dtype_bytes * mlp_tokens_share                       # gate, act(gate), up, their product
-    return norms + qk + attn + mlp
+# One decoder layer's activations, in bytes per token, measured with torch's MemTracker on fake tensors
+# (bench/memory_plan.py --layers: Qwen3 layers of 5 shapes from hidden 256 to 5,120, fp32 and bf16) and
+# fitted exactly by: hidden x (7 pb + 3 up) + (q + kv width) x (4 pb + up) + intermediate x 4 pb saved
+# for the backward, where pb is the dtype's bytes and up = 2 extra bytes for the fp32 copy each RMSNorm
+# makes of a bf16 input; one more hidden and 2 x intermediate while the backward runs (gradients).
+def layer_saved(s: ModelShape, pb: int, tiled: bool = False) -> float:
+    """Bytes per token a layer keeps for its backward (its MLP part only for the slice being run when tiled)."""
+    up = 2 if pb == 2 else 0
+    return s.hidden * (7 * pb + 3 * up) + (s.q_width + s.kv_width) * (4 * pb + up) + (0 if tiled else 4 * s.intermediate * pb)
 
 
-RECOMPUTE_FACTOR = 2.0      # one layer's recomputed activations plus the gradients flowing through them
+def layer_work(s: ModelShape, pb: int, tokens: int, tiled: bool = False) -> float:
+    """Bytes of one layer's backward at `tokens` tokens: its saved activations and the gradients
+    through them (a tiled MLP: the slice's MLP activations and the hidden-size gradients it keeps)."""
+    up = 2 if pb == 2 else 0
+    base = s.hidden * (8 * pb + 3 * up) + (s.q_width + s.kv_width) * (4 * pb + up)
+    if not tiled:
+        return tokens * (base + 6 * s.intermediate * pb)
+    return tokens * (base + 2 * s.hidden * pb) + min(tokens, s.hidden) * 6 * s.intermediate * pb
 
 
 def model_state_terms(s: ModelShape, lay: Layout) -> tuple[list[Term], list[Term]]:
@@ -202,7 +207,7 @@ def model_state_terms(s: ModelShape, lay: Layout) -> tuple[list[Term], list[Term
     shard = lay.ranks if lay.zero >= 1 else 1
     params = n * pb / (lay.ranks if lay.zero == 3 else 1)
     grads = n * 4 / lay.ranks if lay.zero >= 2 else n * pb
-    master = 0.0 if pb == 4 and lay.zero == 3 and not lay.offload_optimizer else n * 4 / shard
+    master = n * 4 / shard          # DeepSpeed keeps an fp32 copy even of fp32 parameters (measured)
     adam = n * 8 / shard
     gpu, host = [], []
     (host if lay.offload_params else gpu).append(
@@ -212,51 +217,59 @@ def model_state_terms(s: ModelShape, lay: Layout) -> tuple[list[Term], list[Term
         Term("gradients", grads, "offload_optimizer", "fp32 partitions" if lay.zero >= 2 else "whole model"))
     (host if lay.offload_optimizer else gpu).append(
         Term("optimizer states", master + adam, "offload_optimizer",
-             ("fp32 master + " if master else "") + f"Adam m, v (fp32{f' / {shard} ranks' if shard > 1 else ''})"))
+             f"fp32 master + Adam m, v{f' / {shard} ranks' if shard > 1 else ''}"))
     return gpu, host
 
 
-def zero_buffer_term(s: ModelShape, lay: Layout) -> Term:
-    pb = lay.dtype_bytes
-    buf = zero_buffers(s.hidden)
-    bucket = buf["reduce_bucket_size"] * pb if lay.zero >= 1 and lay.gpu else 0.0
-    gathered = 0.0
-    if lay.zero == 3:   # the layer running and the one prefetched; the output head while it runs (with its gradient)
-        gathered = max(2 * s.layer_params, 2 * s.head_params) * pb
-    return Term("ZeRO buffers", bucket + gathered, "", "reduce bucket + gathered layers / head")
+def _local(lay: Layout, tokens: int) -> int:
+    return math.ceil(tokens / lay.sp)
 
 
-def activation_terms(s: ModelShape, lay: Layout, tokens: int) -> tuple[list[Term], list[Term]]:
-    """(GPU, host) terms of one micro-batch of `tokens` tokens (this rank: tokens / sp)."""
-    t = math.ceil(tokens / lay.sp)
-    pb = lay.dtype_bytes
-    mlp_share = min(1.0, s.hidden / t) if lay.tiled_mlp else 1.0
-    per_layer = t * _layer_elems(s, pb, mlp_share)
-    gpu, host = [], []
+def common_terms(s: ModelShape, lay: Layout, tokens: int) -> tuple[list[Term], list[Term]]:
+    """(GPU, host) terms present through the whole backward: states, ZeRO's bucket, checkpoints."""
+    gpu, host = model_state_terms(s, lay)
+    pb, t = lay.dtype_bytes, _local(lay, tokens)
+    if lay.zero >= 1 and lay.gpu:
+        gpu.append(Term("reduce bucket", zero_buffers(s.hidden)["reduce_bucket_size"] * pb, "", "ZeRO's gradient bucket"))
     if lay.checkpointing:
         kept = Term("checkpoints", s.layers * t * s.hidden * pb, "checkpoint_offload",
-                    f"{s.layers} layers x {t:,} tokens x {s.hidden}")
+                    f"{s.layers} layers x {t:,} tokens x {s.hidden:,}")
         (host if lay.checkpoint_offload else gpu).append(kept)
-        gpu.append(Term("layer recompute", RECOMPUTE_FACTOR * per_layer, "tiled_mlp" if not lay.tiled_mlp else "sp_size",
-                        "one layer's activations and gradients"))
     else:
-        gpu.append(Term("activations", s.layers * per_layer + per_layer, "gradient_checkpointing",
-                        f"{s.layers} layers kept, no checkpointing"))
-    gpu.append(Term("hidden states", 6 * t * s.hidden * 4, "sp_size", "embeddings, final norm, their gradients"))
-    if lay.attention == "sdpa" and lay.sp == 1 and lay.gpu:
-        gpu.append(Term("attention mask", float(t) * t, "", "sdpa builds a T x T mask for packed rows (install flash-attn)"))
+        gpu.append(Term("activations", (s.layers - 1) * t * layer_saved(s, pb, lay.tiled_mlp), "gradient_checkpointing",
+                        f"{s.layers - 1} layers' activations kept (no checkpointing)"))
+    up = 2 if pb == 2 else 0
+    gpu.append(Term("hidden states", t * s.hidden * (3 * pb + 2 * up), "sp_size", "final norm and its gradient"))
     return gpu, host
 
 
-def logprob_term(s: ModelShape, lay: Layout, tokens: int) -> Term:
-    """The output head's chunked logprobs: a chunk's logits in fp32 with their softmax and gradient, the
-    head's weight gradient in fp32 (and cast back), the hidden states' gradient."""
-    t = math.ceil(tokens / lay.sp)
+def head_phase(s: ModelShape, lay: Layout, tokens: int) -> list[Term]:
+    """The output head's backward: the head gathered, a chunk's logits in fp32 with their softmax and
+    gradient, the head's weight gradient in fp32 (and its cast), the last layer's activations."""
+    pb, t = lay.dtype_bytes, _local(lay, tokens)
     c = min(lay.chunk, t)
-    pb = lay.dtype_bytes
-    chunk = c * s.vocab * (4 + 4 + pb)
-    head_grad = s.head_params * (4 + pb)
-    return Term("logprobs", chunk + head_grad, "logprob_chunk", f"chunks of {c:,} x {s.vocab:,} vocab")
+    out = [Term("logprobs", c * s.vocab * (8 + pb), "logprob_chunk", f"chunks of {c:,} x {s.vocab:,} vocab"),
+           Term("head gradient", s.head_params * (4 + (pb if pb < 4 else 0) + (2 * pb if lay.zero >= 2 else 0)), "",
+                "fp32, its cast; ZeRO's flattened copy and reduce-scatter output")]
+    if lay.zero == 3:
+        out.append(Term("head gathered", s.head_params * pb, "", "ZeRO-3 gathers the head to run it"))
+    if not lay.checkpointing:
+        out.append(Term("last layer", t * layer_saved(s, pb, lay.tiled_mlp), "gradient_checkpointing", ""))
+    return out
+
+
+def layer_phase(s: ModelShape, lay: Layout, tokens: int) -> list[Term]:
+    """A layer's backward: its activations (recomputed under checkpointing) and gradients, its
+    parameters gathered with the next layer's prefetched, its full parameter gradients."""
+    pb, t = lay.dtype_bytes, _local(lay, tokens)
+    out = [Term("layer backward", layer_work(s, pb, t, lay.tiled_mlp),
+                "tiled_mlp" if not lay.tiled_mlp else "sp_size",
+                ("recomputed " if lay.checkpointing else "") + "activations and their gradients"
+                + (", MLP in slices" if lay.tiled_mlp else ""))]
+    if lay.zero == 3:
+        out.append(Term("layers gathered", 4 * s.layer_params * pb, "",
+                        "this layer and the next one, this layer's gradients and their flattened copy"))
+    return out
 
 
 def full_logprob_bytes(s: ModelShape, tokens: int, dtype_bytes: int) -> float:
@@ -278,6 +291,7 @@ class MemoryPlan:
     host_total: float = 0.0
     longest_episode: int = 0
     problem: str = ""                           # one line when it does not fit
+    phase: str = ""                             # where the peak is
 
     @property
     def fits(self) -> bool:
@@ -293,24 +307,24 @@ def _sum(terms: list[Term]) -> float:
     return sum(t.bytes for t in terms)
 
 
-def peak_terms(s: ModelShape, lay: Layout, tokens: int) -> tuple[list[Term], list[Term]]:
-    """Every (GPU, host) term at a micro-batch of `tokens` tokens, the reserve included on a GPU."""
-    gpu, host = model_state_terms(s, lay)
-    gpu.append(zero_buffer_term(s, lay))
-    act, act_host = activation_terms(s, lay, tokens)
-    gpu += act + [logprob_term(s, lay, tokens)]
-    host += act_host
+def peak_terms(s: ModelShape, lay: Layout, tokens: int) -> tuple[list[Term], list[Term], str]:
+    """Every (GPU, host) term at the peak of a micro-batch of `tokens` tokens (the reserve included on a
+    GPU), and which phase the peak is in: the output head's backward or a layer's."""
+    gpu, host = common_terms(s, lay, tokens)
+    head, layer = head_phase(s, lay, tokens), layer_phase(s, lay, tokens)
+    phase, extra = ("output head backward", head) if _sum(head) >= _sum(layer) else ("layer backward", layer)
+    gpu += extra
     if lay.gpu:
         gpu.append(Term("reserve", RESERVE_GB * GB + FRAGMENTATION * lay.memory_bytes, "",
                         f"CUDA context, NCCL, {FRAGMENTATION:.0%} fragmentation"))
     host = [Term(t.name, t.bytes * lay.per_node, t.field, t.note + f" x {lay.per_node} ranks") for t in host]
-    return gpu, host
+    return gpu, host, phase
 
 
 def longest_episode(s: ModelShape, lay: Layout) -> int:
     """The most tokens one micro-batch (one episode alone) can hold and still fit (0: none)."""
     def fits(n: int) -> bool:
-        gpu, host = peak_terms(s, lay, n)
+        gpu, host, _ = peak_terms(s, lay, n)
         return _sum(gpu) <= lay.memory_bytes and (not lay.host_bytes or _sum(host) <= lay.host_bytes)
     if not math.isfinite(lay.memory_bytes) or not fits(lay.sp):
         return 0
@@ -324,8 +338,9 @@ def longest_episode(s: ModelShape, lay: Layout) -> int:
     return lo
 
 
-def plan(cfg, shape: ModelShape | None = None) -> MemoryPlan:
-    """The plan of a TrainConfig (the model's config.json read unless `shape` is given)."""
+def plan(cfg, shape: ModelShape | None = None, suggest: bool = True) -> MemoryPlan:
+    """The plan of a TrainConfig (the model's config.json read unless `shape` is given). A config that
+    does not fit gets the smallest change that would (`suggest`)."""
     s = shape or read_shape(cfg.model)
     lay = Layout.of(cfg)
     if lay.ranks % lay.sp:
@@ -335,10 +350,42 @@ def plan(cfg, shape: ModelShape | None = None) -> MemoryPlan:
         return MemoryPlan(cfg.model, s, lay, 0, problem=f"field 'sp_size' ({lay.sp}) must divide the model's {s.heads} "
                           f"attention heads and its {s.kv_heads} key/value heads")
     tokens = max(lay.microbatch_tokens, lay.max_context)
-    gpu, host = peak_terms(s, lay, tokens)
-    p = MemoryPlan(cfg.model, s, lay, tokens, gpu, host, _sum(gpu), _sum(host), longest_episode(s, lay))
+    gpu, host, phase = peak_terms(s, lay, tokens)
+    p = MemoryPlan(cfg.model, s, lay, tokens, gpu, host, _sum(gpu), _sum(host), longest_episode(s, lay), phase=phase)
     p.problem = verdict(p)
+    if p.problem and suggest:
+        fix = smallest_fix(cfg, s)
+        if fix:
+            p.problem += f"; {fix} would fit"
     return p
+
+
+def smallest_fix(cfg, s: ModelShape) -> str:
+    """The first change (in order of cost to the run: none learns differently) that makes `cfg` fit:
+    sequence parallelism up to a node, tiled MLPs, then checkpoints and optimizer states in host memory."""
+    import dataclasses
+    if not dataclasses.is_dataclass(cfg):
+        return ""
+    ranks, sps = cfg.nodes * max(cfg.gpus_per_node, 1), []
+    sp = cfg.sp_size * 2
+    while sp <= min(ranks, max(cfg.gpus_per_node, 1)) and not (ranks % sp or s.heads % sp or s.kv_heads % sp):
+        sps.append(sp)
+        sp *= 2
+    tries = [{"sp_size": v} for v in sps] + [{"tiled_mlp": True}]
+    tries += [{"sp_size": v, "tiled_mlp": True} for v in sps]
+    tries += [{**t, "checkpoint_offload": True} for t in [{}] + [{"tiled_mlp": True}] + [{"sp_size": v} for v in sps]]
+    tries += [{**t, "offload_optimizer": True} for t in tries[:]]
+    for change in tries:
+        change = {k: v for k, v in change.items() if getattr(cfg, k) != v}
+        if not change:
+            continue
+        try:
+            q = plan(dataclasses.replace(cfg, **change), s, suggest=False)
+        except UserError:
+            continue
+        if q.fits:
+            return " ".join(f"{k}={str(v).lower()}" for k, v in change.items()) + f" ({q.total / GB:.1f} GB)"
+    return ""
 
 
 def verdict(p: MemoryPlan) -> str:
@@ -375,7 +422,7 @@ def render(p: MemoryPlan) -> str:
              f"tiled MLP {'on' if lay.tiled_mlp else 'off'}, optimizer offload {'on' if lay.offload_optimizer else 'off'}, "
              f"parameter offload {'on' if lay.offload_params else 'off'}, logprob chunk {lay.chunk:,}",
              f"  worst micro-batch: {p.tokens:,} tokens ({math.ceil(p.tokens / lay.sp):,} on each rank of an SP group)",
-             f"  per {'GPU' if lay.gpu else 'rank'}:"]
+             f"  per {'GPU' if lay.gpu else 'rank'}, at the peak ({p.phase}):"]
     for t in p.terms:
         lines.append(f"    {t.name:<18} {t.bytes / GB:8.2f} GB  {t.note}")
     if math.isfinite(lay.memory_bytes):
