@@ -399,13 +399,14 @@ class Trainer:
             "loss": stats.loss, "clip_tokens": stats.clip_fraction * stats.loss_tokens,
             "truncated_tokens": stats.truncated * stats.loss_tokens,
             "mismatch_tokens": stats.mismatch * stats.loss_tokens, "ratio_max": stats.ratio_max,
+            "entropy_tokens": stats.entropy * stats.loss_tokens, "peak_bytes": stats.peak_bytes,
             "staleness": max((step - 1 - r.episode.policy_version for g in mine for r in g.rollouts), default=0),
         }
         parts = [local]
         if self.env.world > 1:
             parts = [None] * self.env.world
             dist.all_gather_object(parts, local)
-        tot = {k: sum(p[k] for p in parts) for k in local if k not in ("ratio_max", "staleness")}
+        tot = {k: sum(p[k] for p in parts) for k in local if k not in ("ratio_max", "staleness", "peak_bytes")}
         lt = tot["loss_tokens"] or 1
         return {
             "run": self.cfg.name, "step": step, "policy_version": version_of(step - 1), "world": self.env.world,
@@ -416,6 +417,7 @@ class Trainer:
             "kept_reward_mean": tot["kept_reward_sum"] / max(tot["kept_episodes"], 1),
             "loss": tot["loss"], "grad_norm": stats.grad_norm, "clip_fraction": tot["clip_tokens"] / lt,
             "mismatch": tot["mismatch_tokens"] / lt, "ratio_max": max(p["ratio_max"] for p in parts),
+            "policy_entropy": tot["entropy_tokens"] / lt, "peak_gb": max(p["peak_bytes"] for p in parts) / 1e9,
             "staleness": max(p["staleness"] for p in parts), "normalize_std": self.cfg.normalize_std,
             **{k: round(v, 4) for k, v in timings.items()},
             "finished_at": _utc(time.time()),

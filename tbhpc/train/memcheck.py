@@ -27,7 +27,8 @@ def build_model(out: Path, c: dict) -> Path:
     from transformers import AutoModelForCausalLM, Qwen3Config
     config = Qwen3Config(vocab_size=c["vocab"], hidden_size=c["hidden"], num_hidden_layers=c["layers"],
                          num_attention_heads=c["heads"], num_key_value_heads=c["kv_heads"], head_dim=c["head_dim"],
-                         intermediate_size=c["intermediate"], tie_word_embeddings=False, max_position_embeddings=1 << 17)
+                         intermediate_size=c["intermediate"], tie_word_embeddings=bool(c.get("tied", False)),
+                         max_position_embeddings=1 << 17)
     torch.manual_seed(0)
     with torch.device("cpu"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -57,6 +57,9 @@ STEP_COLUMNS: dict[str, str] = {
     # the collapse guard's action ('' | rollback | stop) and the learning rate the step used
     "gen_tokens": "DOUBLE", "entropy": "DOUBLE", "overlong": "DOUBLE", "filtered": "INTEGER", "guard": "VARCHAR",
     "lr": "DOUBLE",
+    # the trained policy's mean entropy over the loss tokens (nats; computed with the logprobs), and the
+    # update's peak memory on its busiest rank (GPU: allocated by torch; CPU: resident), beside `tbhpc plan`
+    "policy_entropy": "DOUBLE", "peak_gb": "DOUBLE",
 }
 
 
