@@ -187,3 +187,25 @@ def test_train_and_submit_refuse_a_config_that_does_not_fit_before_the_run_exist
 def _ref(**changes) -> TrainConfig:
     from tbhpc.config import load_config
     return load_config(TrainConfig, REF_CONFIG, [f"model={REF_MODEL}"] + [f"{k}={json.dumps(v)}" for k, v in changes.items()])
+
+
+def test_a_gpu_run_leaves_samples_longer_than_the_plans_limit_out_of_the_update():
+    """max_context bounds a prompt, not the trained sample (the last observation can follow): anything
+    the plan says cannot be trained stays out of the update instead of running the GPU out of memory."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from tbhpc.rollout.buffer import Episode
+    from tbhpc.train.loop import Trainer, trainable_tokens
+    gpu = _ref()
+    assert trainable_tokens(gpu) == plan(gpu).longest_episode > gpu.max_context
+    assert trainable_tokens(_ref(gpus_per_node=0)) == 0                     # CPU ranks: no limit given
+    logged = []
+    me = SimpleNamespace(max_train_tokens=100, log=logged.append)
+    eps = [Episode(np.zeros(n, np.int64), np.ones(n, np.uint8), np.zeros(n), 0, 0.0) for n in (50, 101, 100, 400)]
+    kept, adv, too_long = Trainer._within_plan(me, 3, eps, [0.1, 0.2, 0.3, 0.4])
+    assert [len(e.tokens) for e in kept] == [50, 100] and adv == [0.1, 0.3] and too_long == 2
+    assert len(logged) == 1 and "2 sample(s) longer than 100 tokens" in logged[0]
+    me.max_train_tokens = 0
+    assert Trainer._within_plan(me, 3, eps, [0.0] * 4)[2] == 0

@@ -292,6 +292,7 @@ class MemoryPlan:
     longest_episode: int = 0
     problem: str = ""                           # one line when it does not fit
     phase: str = ""                             # where the peak is
+    packed_total: float = 0.0                   # the total at a micro-batch of microbatch_tokens
 
     @property
     def fits(self) -> bool:
@@ -352,6 +353,7 @@ def plan(cfg, shape: ModelShape | None = None, suggest: bool = True) -> MemoryPl
     tokens = max(lay.microbatch_tokens, lay.max_context)
     gpu, host, phase = peak_terms(s, lay, tokens)
     p = MemoryPlan(cfg.model, s, lay, tokens, gpu, host, _sum(gpu), _sum(host), longest_episode(s, lay), phase=phase)
+    p.packed_total = _sum(peak_terms(s, lay, lay.microbatch_tokens)[0])
     p.problem = verdict(p)
     if p.problem and suggest:
         fix = smallest_fix(cfg, s)
@@ -438,5 +440,7 @@ def render(p: MemoryPlan) -> str:
                      + (f"  of {lay.host_bytes / GB:.0f} GB" if lay.host_bytes else ""))
     if p.longest_episode:
         lines.append(f"  longest episode that fits: {p.longest_episode:,} tokens")
+    if p.packed_total and lay.max_context > lay.microbatch_tokens:
+        lines.append(f"  a packed micro-batch of microbatch_tokens {lay.microbatch_tokens:,}: {p.packed_total / GB:.2f} GB")
     lines.append(f"  verdict: {'fits' if p.fits else p.problem}")
     return "\n".join(lines)

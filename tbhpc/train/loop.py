@@ -60,6 +60,15 @@ def _utc(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).replace(tzinfo=None).isoformat(sep=" ")
 
 
+def trainable_tokens(cfg: TrainConfig) -> int:
+    """The longest sample the memory plan lets this run train (0: no limit: a CPU run without
+    host_memory_gb, or a model whose config.json is not on disk)."""
+    from tbhpc.plan.memory import plan
+    if not (Path(cfg.model).expanduser() / "config.json").is_file():
+        return 0
+    return plan(cfg, suggest=False).longest_episode
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, run_path: Path, env: DistEnv | None = None, log=print):
         cfg.validate()
@@ -79,6 +88,7 @@ class Trainer:
             preflight(tasks, cfg.servers)
         self.run_path = Path(run_path).resolve()
         self.eng = Engine(cfg, self.env)
+        self.max_train_tokens = trainable_tokens(cfg)
         if self.rank0:
             open_train_run(cfg, self.run_path, tasks)     # creates it, or checks a resumed one is the same run
         self.eng.barrier()
@@ -217,6 +227,7 @@ class Trainer:
         mine = [g for g in ro.outcomes if g.index <= cutoff and g.status in (MIXED, FLAT)]
         kept = [g for g in mine if g.status == MIXED]
         episodes, adv, filtered = self._advantages(kept)
+        episodes, adv, too_long = self._within_plan(step, episodes, adv)
         self._record_attempts(step, mine)
         health = RolloutHealth.from_list(self.eng.all_reduce(RolloutHealth.of(r for g in mine for r in g.rollouts).as_list()))
         verdict = self.guard.check(health) if self.guard.active else ""
@@ -244,7 +255,8 @@ class Trainer:
         self.elapsed_s += timings["step_s"]
         row = self._step_row(step, ro.outcomes, cutoff, stats, timings, stamps)
         row.update(gen_tokens=health.length, entropy=health.entropy, overlong=health.overlong / max(health.episodes, 1),
-                   filtered=int(self.eng.all_reduce([filtered])[0]), guard=action,
+                   filtered=int(self.eng.all_reduce([filtered])[0]), too_long=int(self.eng.all_reduce([too_long])[0]),
+                   guard=action,
                    lr=cfg.lr * self.lr_scale)
         if self.rank0:
             record_step(self.run, row)
@@ -280,6 +292,18 @@ class Trainer:
                     episodes.append(sample)
                     adv.append(float(x))
         return episodes, adv, filtered
+
+    def _within_plan(self, step: int, episodes, adv):
+        """Samples longer than the memory plan's longest trainable episode stay out of the update (they
+        are in their group's baseline already): such a sample would run the GPU out of memory. Only on
+        GPU runs (a CPU plan has no limit unless host_memory_gb is given); `tbhpc plan` says the limit."""
+        limit = self.max_train_tokens
+        if not limit or not any(len(e.tokens) > limit for e in episodes):
+            return episodes, adv, 0
+        keep = [i for i, e in enumerate(episodes) if len(e.tokens) <= limit]
+        self.log(f"step {step}: {len(episodes) - len(keep)} sample(s) longer than {limit:,} tokens (the memory plan's "
+                 f"longest trainable episode) left out of the update")
+        return [episodes[i] for i in keep], [adv[i] for i in keep], len(episodes) - len(keep)
 
     # ---- the collapse guard ------------------------------------------------------------------
     def _guard_trips(self, step: int, verdict: str):

@@ -30,8 +30,9 @@ def build_model(out: Path, c: dict) -> Path:
                          intermediate_size=c["intermediate"], tie_word_embeddings=bool(c.get("tied", False)),
                          max_position_embeddings=1 << 17)
     torch.manual_seed(0)
-    with torch.device("cpu"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    gpu = c.get("device", "cpu") == "cuda"     # made where it runs, in the dtype it trains in
+    with torch.device("cuda" if gpu else "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if gpu else torch.float32)
     model.save_pretrained(out)
     del model
     return out
@@ -47,12 +48,16 @@ def _stub_tokenizer(model_dir: Path) -> None:
 
 
 def measure(c: dict) -> dict:
-    """Run the case in this process; the phases' peaks in bytes above the process's baseline."""
+    """Run the case in this process: the phases' peaks in bytes above the process's baseline. On a GPU
+    (`"device": "cuda"`): bf16, NCCL, the CUDA allocator's peaks, and the plan of one GPU (its reserve
+    reported apart: the allocator's figures do not hold the CUDA context)."""
     import numpy as np
     import torch
 
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    torch.set_num_threads(int(c["threads"]))
+    gpu = c.get("device", "cpu") == "cuda"
+    if not gpu:
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        torch.set_num_threads(int(c["threads"]))
     import deepspeed
 
     from tbhpc.plan.memory import plan
@@ -62,22 +67,29 @@ def measure(c: dict) -> dict:
     from tbhpc.train.engine import DistEnv, Engine
     from tbhpc.train.packing import pack
 
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_model(Path(tmp) / "model", c)
-        _stub_tokenizer(model_dir)
-        cfg = TrainConfig(model=str(model_dir), pool="-", zero_stage=int(c["zero_stage"]), dtype="fp32",
+    with tempfile.TemporaryDirectory(dir=c.get("tmp")) as tmp:
+        model_dir = Path(c["model_dir"]) if c.get("model_dir") else Path(tmp) / "model"
+        if not (model_dir / "config.json").is_file():       # a case may name a model an earlier case built
+            build_model(model_dir, c)
+            _stub_tokenizer(model_dir)
+        cfg = TrainConfig(model=str(model_dir), pool="-", zero_stage=int(c["zero_stage"]), dtype="bf16" if gpu else "fp32",
                           gradient_checkpointing=bool(c["gradient_checkpointing"]), microbatch_tokens=int(c["tokens"]),
                           logprob_chunk=int(c["logprob_chunk"]), tiled_mlp=bool(c["tiled_mlp"]),
-                          checkpoint_offload=bool(c["checkpoint_offload"]), torch_threads=int(c["threads"]))
+                          checkpoint_offload=bool(c["checkpoint_offload"]), torch_threads=int(c["threads"]),
+                          gpus_per_node=1 if gpu else 0, gpu_memory_gb=float(c.get("gpu_memory_gb", 80)))
         env = DistEnv.from_environ()
         env.export()
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+        if gpu:
+            torch.cuda.set_device(env.local_rank)
+        else:
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo", verbose=False)
         _warm_imports()
-        base = memstat.rss()
-        memstat.reset_peak()
+        base = torch.cuda.memory_allocated() if gpu else memstat.rss()
+        memstat.reset_peak(gpu)
         eng = Engine(cfg, env)
-        init_peak, after_init = memstat.peak() - base, memstat.rss() - base
+        init_peak = memstat.peak(gpu) - base
+        after_init = (torch.cuda.memory_allocated() if gpu else memstat.rss()) - base
         rng = np.random.default_rng(0)
         n = int(c["tokens"])
         mask = np.ones(n, np.uint8)
@@ -88,10 +100,11 @@ def measure(c: dict) -> dict:
             st = eng.update(pack([ep], [1.0], n))
             steps.append(st.peak_bytes - base)
         p = plan(cfg)
-        out = {"case": c, "params": p.shape.params, "init_peak": init_peak, "after_init": after_init,
-               "step_peaks": steps, "plan_total": p.total, "plan_terms": {t.name: t.bytes for t in p.terms},
-               "cpu": _cpu()}
-        return out
+        reserve = sum(t.bytes for t in p.terms if t.name == "reserve")
+        return {"case": c, "params": p.shape.params, "init_peak": init_peak, "after_init": after_init,
+                "step_peaks": steps, "plan_total": p.total - reserve, "plan_reserve": reserve, "plan_phase": p.phase,
+                "plan_terms": {t.name: t.bytes for t in p.terms}, "cpu": _cpu(),
+                "device": torch.cuda.get_device_name() if gpu else "cpu"}
 
 
 def _warm_imports() -> None:
@@ -115,13 +128,15 @@ def _cpu() -> str:
 
 
 def run_case(case: dict, timeout: float = 900) -> dict:
-    """The case in a fresh process (1 rank, gloo): its JSON result."""
+    """The case in a fresh process (1 rank: gloo on CPU, NCCL with `"device": "cuda"`): its JSON result."""
     import subprocess
 
     from tbhpc.train.engine import free_port_pair
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": str(case.get("threads", 1)),
            "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port_pair()), "DS_ACCELERATOR": "cpu"}
+           "MASTER_PORT": str(free_port_pair())}
+    if case.get("device", "cpu") != "cuda":
+        env["DS_ACCELERATOR"] = "cpu"
     proc = subprocess.run([sys.executable, "-m", "tbhpc.train.memcheck", json.dumps(case)], env=env, text=True,
                           capture_output=True, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -130,7 +145,48 @@ def run_case(case: dict, timeout: float = 900) -> dict:
     return json.loads(lines[-1])
 
 
+def real_logprobs(vocab: int, hidden: int, tokens: int, chunk: int, route: str, device: str = "cpu") -> int:
+    """Peak bytes (above the inputs; their gradients counted) of the logprobs of `tokens` positions and
+    their backward: fp32 resident memory on a CPU, bf16 allocated memory on a GPU (`device` "cuda");
+    route "chunked" or "full" (the [T, V] fp32 route)."""
+    import torch
+
+    from tbhpc.train import memstat
+    from tbhpc.train.logprobs import chunked_logprobs
+    gpu = device == "cuda"
+    dt = torch.bfloat16 if gpu else torch.float32
+    torch.manual_seed(0)
+    h = torch.randn(tokens, hidden, dtype=dt, device=device, requires_grad=True)
+    w = (torch.randn(vocab, hidden, dtype=dt, device=device) * 0.02).requires_grad_(True)
+    t = torch.randint(0, vocab, (tokens,), device=device)
+    base = torch.cuda.memory_allocated() if gpu else memstat.rss()
+    memstat.reset_peak(gpu)
+    if route == "chunked":
+        lp = chunked_logprobs(h, w, t, chunk)[:, 0]
+    else:
+        lp = torch.log_softmax((h @ w.T).float(), -1).gather(1, t[:, None]).squeeze(1)
+    lp.sum().backward()
+    return memstat.peak(gpu) - base
+
+
+def run_logprobs(vocab: int, hidden: int, tokens: int, chunk: int, route: str, timeout: float = 600,
+                 device: str = "cpu") -> int:
+    """real_logprobs in a fresh process (its own peak)."""
+    import subprocess
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "2"}
+    arg = json.dumps({"vocab": vocab, "hidden": hidden, "tokens": tokens, "chunk": chunk, "route": route,
+                      "device": device})
+    proc = subprocess.run([sys.executable, "-m", "tbhpc.train.memcheck", "--logprobs", arg], env=env, text=True,
+                          capture_output=True, timeout=timeout)
+    if proc.returncode:
+        raise RuntimeError(f"memcheck --logprobs {arg}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
+    return int(proc.stdout.split()[-1])
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--logprobs":
+        print(real_logprobs(**json.loads(argv[1])), flush=True)
+        return 0
     case = {**DEFAULTS, **(json.loads(argv[0]) if argv else {})}
     result = measure(case)
     print(json.dumps(result), flush=True)
@@ -214,7 +270,7 @@ def fake_logprobs(vocab: int, hidden: int, tokens: int, chunk: int, route: str =
                   dtype: str = "bfloat16") -> int:
     """Peak bytes of the logprobs and their backward for `tokens` positions through a [vocab, hidden]
     head, on fake tensors: route "chunked" (tbhpc.train.logprobs) or "full" (the [T, V] fp32 route),
-    the hidden states and the head's weight themselves left out."""
+    the hidden states and the head's weight left out (their gradients, which the backward makes, counted)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -60,6 +60,7 @@ STEP_COLUMNS: dict[str, str] = {
     # the trained policy's mean entropy over the loss tokens (nats; computed with the logprobs), and the
     # update's peak memory on its busiest rank (GPU: allocated by torch; CPU: resident), beside `tbhpc plan`
     "policy_entropy": "DOUBLE", "peak_gb": "DOUBLE",
+    "too_long": "INTEGER",      # samples longer than the plan's longest trainable episode, left out of the update
 }
 
 
