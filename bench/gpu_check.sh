@@ -30,7 +30,7 @@ s = read_shape("jobs/models/qwen3-27b-class")
 lay = Layout.of(TrainConfig(gpus_per_node=8, dtype="bf16"))
 for t in (4096, 8192, 16384, 32768):
     planned = sum(x.bytes for x in head_phase(s, lay, t) if x.name in ("logprobs", "head gradient")) - s.head_params * 4
-    chunked = run_logprobs(s.vocab, s.hidden, t, 2048, "chunked", device="cuda") + s.head_params * 2   # + w.grad (bf16)
+    chunked = run_logprobs(s.vocab, s.hidden, t, 2048, "chunked", device="cuda")     # the weight's gradient included
     try:
         full = f"{run_logprobs(s.vocab, s.hidden, t, 2048, 'full', device='cuda') / GB:.2f} GB"
     except RuntimeError as exc:

@@ -111,6 +111,12 @@ def world(tmp_path_factory):
     shutil.copy(Path(cli.__file__).parent / "data" / "packs" / "default" / "retail.yaml", w / "mypack.yaml")
     for how in ("tool", "type", "domain"):
         _bad_pack(w, how)
+    repo = Path(cli.__file__).resolve().parent.parent
+    shutil.copy(repo / "jobs" / "train-reference.yaml", w / "ref.yaml")
+    shutil.copytree(repo / "jobs" / "models" / "qwen3-27b-class", w / "m27")
+    (w / "moe").mkdir()
+    (w / "moe" / "config.json").write_text(json.dumps({**json.loads((w / "m27" / "config.json").read_text()),
+                                                       "num_experts": 64}))
     (w / "prices-nan.yaml").write_text("agent: {input: .nan, output: 1}\n")
     (w / "prices-neg.yaml").write_text("agent: {input: -3, output: 1}\n")
     (w / "prices-str.yaml").write_text("agent: {input: cheap}\n")
@@ -268,6 +274,16 @@ CASES = [
      ["model_path", "'no-model'"]),
     ("episode-servers-missing", ["episode", "--task", "TASK", "--servers", "no.yaml"], 2, ["--servers", "no.yaml"]),
     ("serve-into-file", ["serve", "notes.txt", "--dry-run", "model=folder"], 2, ["notes.txt", "is a file"]),
+    # the memory plan (issue 47)
+    ("plan-no-config", ["plan", "nope.yaml"], 2, ["nope.yaml"]),
+    ("plan-unknown-field", ["plan", "ref.yaml", "model=m27", "sp_sise=4"], 2, ["sp_sise"]),
+    ("plan-sp-heads", ["plan", "ref.yaml", "model=m27", "sp_size=3"], 2, ["'sp_size'", "40 attention heads"]),
+    ("plan-sp-ranks", ["plan", "ref.yaml", "model=m27", "sp_size=16"], 2, ["'sp_size'", "24 ranks"]),
+    ("plan-no-model", ["plan", "ref.yaml", "model=folder"], 2, ["'model'", "config.json"]),
+    ("plan-moe", ["plan", "ref.yaml", "model=moe"], 2, ["num_experts", "dense"]),
+    ("plan-negative-gpu", ["plan", "ref.yaml", "model=m27", "gpu_memory_gb=-1"], 2, ["'gpu_memory_gb'"]),
+    ("plan-too-small", ["plan", "ref.yaml", "model=m27", "gpu_memory_gb=40"], 2, ["does not fit", "change field '"]),
+    ("plan-chunk-zero", ["plan", "ref.yaml", "model=m27", "logprob_chunk=0"], 2, ["'logprob_chunk'"]),
 ]
 
 
