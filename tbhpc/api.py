@@ -220,6 +220,8 @@ def train(config_: PathLike | None = None, *, out: PathLike, executor: str = "lo
     cfg = load_config(TrainConfig, config_, list(overrides), updates=fields)
     args = [f"{k}={json.dumps(v)}" for k, v in fields.items()] + list(overrides)   # JSON is YAML; the same precedence
     cfg.validate(str(config_ or "train config"))
+    from tbhpc.plan.memory import require_fit
+    require_fit(cfg, str(config_ or "train config"))
     out = Path(out)
     check_run_folder(out, "train", flag="out")
     if executor == "slurm":

@@ -179,19 +179,9 @@ def load(args):
     from tbhpc.train.config import TrainConfig
     cfg = load_config(TrainConfig, args.config, args.overrides)
     cfg.validate(str(args.config or "train config"))
-    check_memory(cfg, str(args.config or "train config"))
+    from tbhpc.plan.memory import require_fit
+    require_fit(cfg, str(args.config or "train config"))
     return cfg
-
-
-def check_memory(cfg, source: str) -> None:
-    """Refuse, in one line, a config whose memory plan does not fit (before any run directory exists).
-    A model named by something other than a local directory with config.json is not planned."""
-    from tbhpc.plan.memory import plan
-    if not (Path(cfg.model).expanduser() / "config.json").is_file():
-        return
-    p = plan(cfg)
-    if not p.fits:
-        raise UserError(f"{source}: {p.problem} (`tbhpc plan {source}` prints the whole plan)")
 
 
 def run_plan(args) -> int:

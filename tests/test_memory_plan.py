@@ -184,6 +184,16 @@ def test_train_and_submit_refuse_a_config_that_does_not_fit_before_the_run_exist
     assert not run.exists()
 
 
+def test_the_api_refuses_it_too(tmp_path):
+    from tbhpc import api
+    pool = tmp_path / "pool.yaml"
+    pool.write_text("tasks: [retail-001]\n")
+    with pytest.raises(UserError, match="does not fit"):
+        api.train(REF_CONFIG, out=tmp_path / "run", executor="slurm", dry_run=True,
+                  overrides=[f"model={REF_MODEL}", f"pool={pool}", "sp_size=1", "tiled_mlp=false"])
+    assert not (tmp_path / "run").exists()
+
+
 def _ref(**changes) -> TrainConfig:
     from tbhpc.config import load_config
     return load_config(TrainConfig, REF_CONFIG, [f"model={REF_MODEL}"] + [f"{k}={json.dumps(v)}" for k, v in changes.items()])

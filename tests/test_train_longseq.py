@@ -51,6 +51,27 @@ def _same(plain, other, what, rel=1e-4):
 pytestmark = pytest.mark.slow
 
 
+def test_the_deepspeed_step_is_the_plain_torch_gradient(plain, model_dir):
+    """The reference the other tests compare with is itself right: ZeRO-3's gradient norm (the chunked
+    head inside the engine, the tied embedding reduced once) is that of the same loss in plain torch
+    through the [T, V] route."""
+    from transformers import AutoModelForCausalLM
+
+    from train_rank import batch
+    from tbhpc.train.grpo import policy_loss
+    from tbhpc.train.logprobs import full_logprobs
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    eps, adv = batch(model.config.vocab_size)
+    packs = pack(eps, adv, 96)
+    total = sum(p.n_loss_tokens for p in packs)
+    for p in packs:
+        loss, _ = policy_loss(full_logprobs(model, p), p.behaviour, p.advantages, p.loss_mask, total, 0.2, 0.2, 1, 3.0)
+        loss.backward()
+    norm = torch.sqrt(sum((q.grad ** 2).sum() for q in model.parameters())).item()
+    assert model.config.tie_word_embeddings
+    assert plain[0]["grad_norm"] == pytest.approx(norm, rel=1e-4)
+
+
 def test_sequence_parallel_2_ranks_is_the_single_rank_step(plain, model_dir, tmp_path):
     """2 gloo ranks, sp_size 2: every micro-batch split between them (all-to-all over gloo)."""
     sp = _update(model_dir, tmp_path, 2, sp_size=2)

@@ -7,13 +7,25 @@ import sys
 import numpy as np
 
 
+def batch(vocab: int):
+    """The fixed global batch: 7 episodes of uneven lengths, their behaviour logprobs and advantages."""
+    from tbhpc.rollout.buffer import Episode
+    rng = np.random.default_rng(0)
+    eps, adv = [], []
+    for n in (40, 7, 130, 22, 65, 12, 90):
+        mask = (rng.random(n) < 0.6).astype(np.uint8)
+        mask[0] = 0
+        eps.append(Episode(rng.integers(0, vocab, n), mask, np.where(mask, rng.normal(-3, 0.5, n), 0.0), 0, 0.0))
+        adv.append(float(rng.normal()))
+    return eps, adv
+
+
 def main(model: str, world: int, rank: int, port: int, out: str, stage: int, loss_agg: str = "token-mean",
          overrides: str = "{}") -> None:
     """`port` 0: MASTER_PORT from the environment (tests/helpers.run_ranks). `overrides`: TrainConfig
     fields as JSON (the memory options of tests/test_train_longseq.py)."""
     import torch
 
-    from tbhpc.rollout.buffer import Episode
     from tbhpc.train.config import TrainConfig
     from tbhpc.train.engine import DistEnv, Engine
     from tbhpc.train import longseq
@@ -23,14 +35,7 @@ def main(model: str, world: int, rank: int, port: int, out: str, stage: int, los
                       loss_agg=loss_agg, **json.loads(overrides))
     import os
     eng = Engine(cfg, DistEnv(rank, world, 0, "127.0.0.1", port or int(os.environ["MASTER_PORT"])))
-    rng = np.random.default_rng(0)
-    vocab = eng.module.config.vocab_size
-    eps, adv = [], []
-    for n in (40, 7, 130, 22, 65, 12, 90):
-        mask = (rng.random(n) < 0.6).astype(np.uint8)
-        mask[0] = 0
-        eps.append(Episode(rng.integers(0, vocab, n), mask, np.where(mask, rng.normal(-3, 0.5, n), 0.0), 0, 0.0))
-        adv.append(float(rng.normal()))
+    eps, adv = batch(eng.module.config.vocab_size)
     mine = list(range(rank, len(eps), world))
     budget = effective_budget(cfg.microbatch_tokens, [len(eps[i].tokens) for i in mine], "sdpa", cfg.sp_size)
     if cfg.sp_size == 1:

@@ -344,7 +344,7 @@ def plan(cfg, shape: ModelShape | None = None, suggest: bool = True) -> MemoryPl
     does not fit gets the smallest change that would (`suggest`)."""
     s = shape or read_shape(cfg.model)
     lay = Layout.of(cfg)
-    if lay.ranks % lay.sp:
+    if lay.gpu and lay.ranks % lay.sp:      # (CPU ranks are not counted by the config: Engine checks the real world)
         return MemoryPlan(cfg.model, s, lay, 0, problem=f"field 'sp_size' ({lay.sp}) must divide the trainer's "
                           f"{lay.ranks} ranks (nodes x gpus_per_node)")
     if lay.sp > 1 and (s.heads % lay.sp or s.kv_heads % lay.sp):
@@ -388,6 +388,18 @@ def smallest_fix(cfg, s: ModelShape) -> str:
         if q.fits:
             return " ".join(f"{k}={str(v).lower()}" for k, v in change.items()) + f" ({q.total / GB:.1f} GB)"
     return ""
+
+
+def require_fit(cfg, source: str) -> None:
+    """Refuse, in one line, a config whose plan does not fit (`tbhpc train`, `submit train` and the API
+    call it before any run directory exists). A model that is not a local directory with config.json
+    is not planned."""
+    if not (Path(cfg.model).expanduser() / "config.json").is_file():
+        return
+    p = plan(cfg)
+    if not p.fits:
+        shown = source if source.endswith((".yaml", ".yml")) else "CONFIG"
+        raise UserError(f"{source}: {p.problem} (`tbhpc plan {shown}` prints the whole plan)")
 
 
 def verdict(p: MemoryPlan) -> str:

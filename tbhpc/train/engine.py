@@ -20,13 +20,13 @@ from typing import Any, NoReturn
 
 from tbhpc.errors import TbhpcError, UserError
 from tbhpc.plan.memory import zero_buffers
-from tbhpc.train import longseq, memstat
+from tbhpc.train import memstat
 from tbhpc.train.config import TrainConfig
 from tbhpc.train.grpo import policy_loss
-from tbhpc.train.loading import load_hf, load_partitioned
-from tbhpc.train.logprobs import install as install_logprob_head
-from tbhpc.train.logprobs import token_logprobs
 from tbhpc.train.packing import Packed
+
+# torch and the modules built on it (logprobs, loading, longseq) are imported where they are used:
+# `tbhpc train` sets the OpenMP policy before torch loads, and a bad command line fails without it
 
 
 @dataclass
@@ -170,13 +170,26 @@ class Engine:
         self.sp = cfg.sp_size
         if env.world % self.sp:
             raise UserError(f"train config: field 'sp_size' ({self.sp}) must divide the trainer's {env.world} ranks")
-        dtype = torch.bfloat16 if resolved_dtype(cfg, self.gpu) == "bf16" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
+        model, config, mpu = self._build_model()
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config, mpu=mpu)
+        self.device = self.engine.device
+
+    def _build_model(self):
+        """The policy, ready for deepspeed.initialize: loaded (partitioned under ZeRO-3), its output head
+        computing chunked logprobs, the memory options applied. Returns (model, DeepSpeed config, mpu)."""
+        import torch
         from transformers import AutoConfig
+
+        from tbhpc.train import longseq
+        from tbhpc.train.loading import load_hf, load_partitioned
+        from tbhpc.train.logprobs import install as install_logprob_head
+        cfg = self.cfg
+        dtype = torch.bfloat16 if resolved_dtype(cfg, self.gpu) == "bf16" else torch.float32
         hidden = AutoConfig.from_pretrained(cfg.model).get_text_config().hidden_size
         config, attn = ds_config(cfg, self.gpu, hidden), attention_kernel(self.gpu)
         if cfg.zero_stage == 3:
-            model = load_partitioned(cfg.model, dtype, attn, config, env.rank)
+            model = load_partitioned(cfg.model, dtype, attn, config, self.env.rank)
         else:
             model = load_hf(cfg.model, dtype, attn)
         install_logprob_head(model)
@@ -184,15 +197,14 @@ class Engine:
         if self.sp > 1:
             mpu = longseq.register_ulysses(model, attn, self.sp)
             self.sp_group, self.sp_rank = mpu.get_sequence_parallel_group(), mpu.get_sequence_parallel_rank()
-        if cfg.tiled_mlp:
+        if cfg.tiled_mlp:    # called inside forwards, after the engine (and self.device) exists
             longseq.tile_mlps(model, lambda n: int(self.all_reduce([n], "max")[0]))
         if cfg.checkpoint_offload:
             longseq.offload_checkpoints(model)
         elif cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         model.config.use_cache = False
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config, mpu=mpu)
-        self.device = self.engine.device
+        return model, config, mpu
 
     @property
     def module(self):
@@ -234,6 +246,9 @@ class Engine:
     def update(self, packs: list[Packed]) -> UpdateStats:
         """One optimiser step on this rank's packed micro-batches (collective: every rank calls it)."""
         import torch
+
+        from tbhpc.train import longseq
+        from tbhpc.train.logprobs import token_logprobs
 
         cfg = self.cfg
         memstat.reset_peak(self.gpu)
