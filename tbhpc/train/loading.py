@@ -75,7 +75,10 @@ def load_partitioned(model_dir: str, dtype, attn_implementation: str, ds_config:
     """The model built and filled under ZeRO-3 partitioning (module docstring)."""
     import deepspeed
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-    from transformers.initialization import no_init_weights
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:                     # transformers releases that keep it beside the model code
+        from transformers.modeling_utils import no_init_weights
 
     config = AutoConfig.from_pretrained(model_dir)
     index = checkpoint_index(model_dir)
