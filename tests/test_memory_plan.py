@@ -55,6 +55,17 @@ def test_the_reference_run_fits_on_80_and_141_gb_and_the_longest_episode_is_beyo
     assert "sequence parallel 4, data parallel 6" in text and "verdict: fits" in text
 
 
+def test_the_rendered_plan_is_golden():
+    """`tbhpc plan`'s text for the reference run (TBHPC_UPDATE_GOLDEN=1 rewrites it after a deliberate
+    change; review the diff)."""
+    import os
+    path = REPO / "tests" / "golden" / "plan_reference.txt"
+    text = render(plan(_ref())).replace(str(REF_MODEL), "jobs/models/qwen3-27b-class") + "\n"
+    if os.environ.get("TBHPC_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), "plan_reference.txt changed; review and rerun with TBHPC_UPDATE_GOLDEN=1"
+
+
 def test_a_config_that_does_not_fit_names_the_term_the_field_and_a_change_that_fits():
     p = plan(_ref(sp_size=1, tiled_mlp=False))
     assert not p.fits and "\n" not in p.problem
