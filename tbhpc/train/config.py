@@ -209,11 +209,6 @@ class TrainConfig:
             raise UserError("train config: field 'sp_size' > 1 needs zero_stage 3 (its ranks share one partitioned model)")
 
     @property
-    def ranks(self) -> int:
-        """Trainer processes: one per GPU, or one per node on CPU nodes."""
-        return self.nodes * max(self.gpus_per_node, 1)
-
-    @property
     def draw_cap(self) -> int:
         return self.max_draws or 4 * self.groups_per_step
 

@@ -110,7 +110,9 @@ def load_partitioned(model_dir: str, dtype, attn_implementation: str, ds_config:
 
 def _tied_to_loaded(model, name: str, index: dict) -> bool:
     """A parameter the checkpoint leaves out because it is tied to one it holds (lm_head <- embed)."""
+    if not getattr(model.config, "tie_word_embeddings", False):
+        return False
     tied = getattr(model, "_tied_weights_keys", None) or {}
-    if isinstance(tied, dict):
-        return name in tied and tied[name] in index and bool(getattr(model.config, "tie_word_embeddings", False))
-    return False
+    if isinstance(tied, dict):          # transformers 5: {tied name: the name it shares}
+        return name in tied and tied[name] in index
+    return name in tied                 # earlier releases list the tied names only
