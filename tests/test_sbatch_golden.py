@@ -49,3 +49,18 @@ def test_task_sizing():
     assert SlurmOptions(attempt_seconds=60, target_task_minutes=10).task_size(5_000) == 10  # 10 min of 1-min episodes
     assert SlurmOptions(attempt_seconds=0.01, target_task_minutes=10).task_size(10_140) == 60_000
     assert SlurmOptions(attempts_per_task=1, max_array_tasks=1000).task_size(10_140) == 11  # never > 1000 tasks
+
+
+def test_the_reference_training_run():
+    """jobs/train-reference.yaml as `tbhpc submit train --dry-run` renders it, with a cluster's NCCL settings."""
+    from tbhpc.config import load_config
+    from tbhpc.launch.train import render_train_pipeline
+    from tbhpc.train.config import TrainConfig
+    repo = Path(__file__).resolve().parent.parent
+    cfg = load_config(TrainConfig, repo / "jobs" / "train-reference.yaml",
+                      ["model=/models/q27", "pool=/runs/probe/pool.yaml", "slurm.python=/opt/tbhpc/.venv/bin/python",
+                       "env={NCCL_IB_HCA: 'mlx5_0,mlx5_1', NCCL_SOCKET_IFNAME: ib0}",
+                       "serve.slurm={gres: 'gpu:8', cpus_per_task: 32, mem: 512G, time: '48:00:00', "
+                       "python: /opt/tbhpc/.venv/bin/python}"])
+    scripts = render_train_pipeline("/scratch/runs/grpo-27b", cfg, "/home/ada/tbhpc")
+    check("train_reference.txt", "".join(f"# ==> {name} <==\n{text}" for name, text in scripts.items()))

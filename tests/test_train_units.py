@@ -249,3 +249,43 @@ def test_warmstart_phase_schedules():
     assert Phase(100, 1e-3, decay=100).factor(99) == 0.05 and Phase(10, 1e-3).factor(9) == 1.0
     phases = RECIPES["demo"]["phases"]
     assert phases[0].window > 0 and all(p.window == 0 for p in phases[1:])
+
+
+@pytest.mark.parametrize("local_rank, visible, local_world, cuda_visible, want", [
+    (5, 8, 8, "0,1,2,3,4,5,6,7", 5),     # --gpus-per-node=8: every task sees the node's 8
+    (5, 1, 8, "5", 0),                   # --gpus-per-task=1 / --gpu-bind: each task its own
+    (0, 1, None, None, 0),               # a one-GPU node
+    (3, 4, None, "0,1,2,3", 3),          # torchrun on 4 GPUs, no Slurm task count
+])
+def test_each_rank_finds_its_gpu_however_slurm_binds_them(local_rank, visible, local_world, cuda_visible, want):
+    from tbhpc.train.engine import cuda_device
+    assert cuda_device(local_rank, visible, local_world, cuda_visible) == want
+
+
+@pytest.mark.parametrize("local_rank, visible, local_world", [(3, 2, 4), (0, 0, 1), (4, 4, None)])
+def test_a_binding_no_rank_can_use_is_one_line(local_rank, visible, local_world):
+    from tbhpc.errors import UserError
+    from tbhpc.train.engine import cuda_device
+    with pytest.raises(UserError) as err:
+        cuda_device(local_rank, visible, local_world, "0,1")
+    assert "\n" not in str(err.value) and f"local rank {local_rank}" in str(err.value)
+
+
+def test_local_world_comes_from_torchrun_or_slurm():
+    from tbhpc.train.engine import local_world_size
+    assert local_world_size({"LOCAL_WORLD_SIZE": "4"}) == 4
+    assert local_world_size({"SLURM_NTASKS_PER_NODE": "8"}) == 8
+    assert local_world_size({"SLURM_TASKS_PER_NODE": "8(x3)"}) is None
+
+
+def test_config_env_is_exported_in_both_scripts_and_refused_when_it_cannot_be():
+    from tbhpc.errors import UserError
+    cfg = TrainConfig(model="m", pool="p", nodes=3, gpus_per_node=8, serve={"device": "cuda"},
+                      env={"NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_SOCKET_IFNAME": "ib0", "WEIRD": "a b'c"})
+    scripts = render_train_pipeline("/runs/r", cfg, "/work")
+    for name in ("serve.sbatch", "train.sbatch"):
+        assert "export NCCL_IB_HCA=mlx5_0,mlx5_1\nexport NCCL_SOCKET_IFNAME=ib0\n" in scripts[name], name
+        assert "export WEIRD='a b'\"'\"'c'" in scripts[name]
+    for bad in ({"1X": "a"}, {"X": "a\nb"}, {"X": [1]}):
+        with pytest.raises(UserError, match="field 'env'"):
+            TrainConfig(model="m", pool="p", env=bad)

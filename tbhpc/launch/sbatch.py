@@ -6,9 +6,11 @@ command. Array tasks exec Python so that USR2/SIGTERM reach the worker directly.
 """
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
+from tbhpc.errors import UserError
 from tbhpc.launch.options import SlurmOptions
 
 
@@ -38,6 +40,29 @@ def common_header(opts: SlurmOptions, job_name: str, out: str, time: str | None 
         if value is not None:
             lines.append(f"--{flag}={value}")
     return lines + list(opts.extra_sbatch)
+
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_env(env, where: str) -> dict[str, str]:
+    """A job's extra environment (NCCL/InfiniBand settings and alike) as {NAME: value}; one line
+    naming the entry unless each name is a shell variable name and each value one line of text."""
+    if not isinstance(env, dict):
+        raise UserError(f"{where}: expected a mapping NAME: value, got {type(env).__name__}")
+    out = {}
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise UserError(f"{where}: {name!r} is not an environment variable name")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or any(c in str(value) for c in "\n\r\0"):
+            raise UserError(f"{where}: {name}: the value must be one line of text or a number, got {value!r}")
+        out[name] = str(value)
+    return out
+
+
+def env_lines(env: dict[str, str]) -> list[str]:
+    """`export NAME=value` lines (values shell-quoted), in the order given."""
+    return [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
 
 
 def script_text(header: list[str], body: list[str], workdir: str) -> str:
@@ -74,15 +99,17 @@ def render_mpi(stage: Stage, opts: SlurmOptions) -> str:
     return script_text(header, body, stage.workdir)
 
 
-def render_serve(run: str, config_path: str, opts: SlurmOptions, workdir: str, gpus: int = 0) -> str:
+def render_serve(run: str, config_path: str, opts: SlurmOptions, workdir: str, gpus: int = 0,
+                 env: dict[str, str] | None = None) -> str:
     """The policy server job: `tbhpc serve` supervises vLLM on the allocated node, publishes
     RUN/endpoint.json with the node's name, and stops vLLM when Slurm ends the job (SIGTERM
-    reaches the supervisor: the body execs it)."""
+    reaches the supervisor: the body execs it). `env`: exported first (NCCL settings)."""
     header = ["--ntasks=1", "--nodes=1"] + common_header(opts, "tbhpc-serve", f"{run}/logs/slurm/%x-%j.out")
     if gpus and not opts.gres:
         header.append(f"--gres=gpu:{gpus}")
-    body = ["# vLLM runs from its own environment (ServeConfig.python); this process only supervises it",
-            " ".join(shlex.quote(c) for c in [opts.python, "-m", "tbhpc.cli", "serve", run, "--config", config_path,
-                                              "host=0.0.0.0"])]
+    body = env_lines(env or {}) + [
+        "# vLLM runs from its own environment (ServeConfig.python); this process only supervises it",
+        " ".join(shlex.quote(c) for c in [opts.python, "-m", "tbhpc.cli", "serve", run, "--config", config_path,
+                                          "host=0.0.0.0"])]
     body[-1] = "exec " + body[-1]
     return script_text(header, body, workdir)

@@ -12,7 +12,8 @@ Inside the trainer allocation `srun` starts one process per GPU (one per node on
 world size and local rank come from Slurm's environment (SLURM_PROCID, SLURM_NTASKS,
 SLURM_LOCALID), the master address is the first node's address and the port derives from the job
 id. No Ray, no pdsh, no launcher of our own. NCCL settings (NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ...)
-set when submitting pass through to every rank (sbatch exports the environment by default).
+go in the config's `env` (exported in both scripts) or pass through from the submitting shell
+(sbatch exports the environment by default).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from tbhpc.errors import UserError
-from tbhpc.launch.sbatch import common_header, render_serve, script_text
+from tbhpc.launch.sbatch import common_header, env_lines, render_serve, script_text
 from tbhpc.train.config import TrainConfig
 
 SERVE_PLACEHOLDER = "${SERVE_JOB_ID}"
@@ -48,6 +49,7 @@ def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, ser
         'export MASTER_ADDR=$(scontrol show node "$first" | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')',
         "export MASTER_PORT=$((20000 + 2 * (SLURM_JOB_ID % 20000)))",
         f"export OMP_NUM_THREADS={cfg.torch_threads}",
+        *env_lines(cfg.env),
         "# USR2 (before the time limit) and SIGTERM (preemption) reach every rank: they checkpoint, rank 0 requeues",
         "srun --kill-on-bad-exit=1 " + " ".join(shlex.quote(c) for c in
                                               [opts.python, "-m", "tbhpc.cli", "train", run, "--config", config_path]),
@@ -78,7 +80,7 @@ def render_train_pipeline(run: str, cfg: TrainConfig, workdir: str, serve_job: s
     if cfg.generator == "server":
         scfg = serve_config_for(cfg)
         gpus = scfg.tensor_parallel_size * scfg.data_parallel_size if cfg.gpus_per_node else 0
-        scripts["serve.sbatch"] = render_serve(run, f"{run}/serve.yaml", scfg.slurm, workdir, gpus=gpus)
+        scripts["serve.sbatch"] = render_serve(run, f"{run}/serve.yaml", scfg.slurm, workdir, gpus=gpus, env=cfg.env)
     scripts["train.sbatch"] = render_train(run, f"{run}/train.yaml", cfg, workdir,
                                            serve_job if cfg.generator == "server" else None)
     return scripts

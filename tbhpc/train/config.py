@@ -116,6 +116,9 @@ class TrainConfig:
     gpus_per_node: int = 0                # 0: CPU nodes, one rank per node
     serve_config: str = "jobs/serve.yaml"
     serve: dict[str, Any] = field(default_factory=dict)    # ServeConfig overrides for the serving job
+    # exported in the trainer's and the serving job's scripts: NCCL / InfiniBand settings (NCCL_IB_HCA,
+    # NCCL_SOCKET_IFNAME, NCCL_DEBUG, ...) that differ from cluster to cluster
+    env: dict[str, str] = field(default_factory=dict)
     slurm: SlurmOptions = field(default_factory=lambda: SlurmOptions(time="24:00:00", mem="16G", cpus_per_task=2))
 
     def __post_init__(self) -> None:
@@ -147,6 +150,8 @@ class TrainConfig:
             raise UserError(f"train config: field 'dual_clip' must be > 1 or 0 (off), got {self.dual_clip!r}")
         self._check_stability()
         self._check_memory_fields()
+        from tbhpc.launch.sbatch import check_env
+        self.env = check_env(self.env, "train config: field 'env'")
         if len(self.betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in self.betas):
             raise UserError(f"train config: field 'betas' must be two numbers in [0, 1), got {self.betas!r}")
         for name, ok, want in (("lr", lambda v: v > 0, "> 0"), ("temperature", lambda v: v > 0, "> 0"),

@@ -74,6 +74,30 @@ def free_port_pair() -> int:
     return 29500
 
 
+def cuda_device(local_rank: int, visible: int, local_world: int | None, cuda_visible: str | None = None) -> int:
+    """The GPU index this rank drives, among those it sees. Slurm either shows every task of a node
+    all its GPUs (`--gpus-per-node`: rank i takes GPU i) or binds each task its own (`--gpus-per-task=1`,
+    `--gpu-bind`: each rank sees one, index 0). `local_world`: the ranks on this node, when known."""
+    where = f"(local rank {local_rank}, CUDA_VISIBLE_DEVICES={cuda_visible!r})"
+    if visible < 1:
+        raise UserError(f"this trainer rank sees no GPU {where}: ask Slurm for GPUs (gpus_per_node) or run on CPU nodes")
+    if visible == 1:
+        return 0
+    if (local_world is None or visible >= local_world) and local_rank < visible:
+        return local_rank
+    raise UserError(f"this trainer rank sees {visible} GPUs {where} while its node runs {local_world or '?'} ranks: "
+                    f"give each task one GPU (--gpus-per-task=1) or every task all of the node's GPUs")
+
+
+def local_world_size(env: dict | None = None) -> int | None:
+    """Ranks on this node: torchrun's LOCAL_WORLD_SIZE, or Slurm's tasks per node."""
+    e = os.environ if env is None else env
+    for key in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        if str(e.get(key, "")).isdigit():
+            return int(e[key])
+    return None
+
+
 def use_gpu() -> bool:
     try:
         import torch
@@ -158,8 +182,9 @@ class Engine:
         from transformers import AutoTokenizer
 
         env.export()
-        if self.gpu:
-            torch.cuda.set_device(env.local_rank)     # before NCCL's communicator is built
+        if self.gpu:     # before NCCL's communicator is built
+            torch.cuda.set_device(cuda_device(env.local_rank, torch.cuda.device_count(), local_world_size(),
+                                              os.environ.get("CUDA_VISIBLE_DEVICES")))
         else:
             # DeepSpeed's CPU backend JIT-compiles its shared-memory all-reduce op when it starts (~25 s
             # with g++ on every new environment: the first step of each `make demo` from a fresh clone).
