@@ -64,3 +64,6 @@ def test_the_reference_training_run():
                        "python: /opt/tbhpc/.venv/bin/python}"])
     scripts = render_train_pipeline("/scratch/runs/grpo-27b", cfg, "/home/ada/tbhpc")
     check("train_reference.txt", "".join(f"# ==> {name} <==\n{text}" for name, text in scripts.items()))
+    assert "# rollouts: 24 ranks x 6 episodes in flight = 144 (episodes_in_flight 144) against 2 vLLM replicas" \
+        in scripts["train.sbatch"]        # one step's 18 x 8 episodes, not 24 ranks x a per-rank figure
+    assert "times out after 1,698 s (max_tokens 8,192 at 5 tokens/s + 60 s)" in scripts["train.sbatch"]

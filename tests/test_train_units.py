@@ -289,3 +289,18 @@ def test_config_env_is_exported_in_both_scripts_and_refused_when_it_cannot_be():
     for bad in ({"1X": "a"}, {"X": "a\nb"}, {"X": [1]}):
         with pytest.raises(UserError, match="field 'env'"):
             TrainConfig(model="m", pool="p", env=bad)
+
+
+def test_episodes_in_flight_is_the_runs_total_and_requests_time_out_by_a_decode_floor(tiny_dir):
+    from tbhpc.errors import UserError
+    from tbhpc.policy.tokens import TokenPolicy
+    cfg = TrainConfig(model="m", pool="p", episodes_in_flight=144, group_size=8, max_tokens=8192,
+                      request_floor_tokens_per_s=5)
+    assert [cfg.in_flight_per_rank(n) for n in (1, 3, 24, 200)] == [144, 48, 6, 1]
+    assert cfg.request_timeout_s == pytest.approx(8192 / 5 + 60)
+    with pytest.raises(UserError, match="request_floor_tokens_per_s"):
+        TrainConfig(model="m", pool="p", request_floor_tokens_per_s=0)
+    policy = TokenPolicy(model_path=str(tiny_dir), generator="server", base_url="http://127.0.0.1:9", timeout_s=1698.4)
+    assert policy.load()[1].timeout_s == 1698.4      # what the trainer's policy hands its server generator
+    with pytest.raises(UserError, match="timeout_s"):
+        TokenPolicy.check_ranges({"generator": "server", "base_url": "http://x", "timeout_s": -1})

@@ -32,8 +32,19 @@ from tbhpc.train.config import TrainConfig
 SERVE_PLACEHOLDER = "${SERVE_JOB_ID}"
 
 
-def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, serve_job: str | None = None) -> str:
-    """The trainer job (pure: golden-tested)."""
+def rollout_line(cfg: TrainConfig, replicas: int | None) -> str:
+    """What the rollouts will ask of the server, in numbers (a comment of the trainer's script)."""
+    ranks = cfg.nodes * (cfg.gpus_per_node or 1)
+    per_rank = cfg.in_flight_per_rank(ranks)
+    against = f" against {replicas} vLLM replica{'s' if replicas != 1 else ''}" if replicas else ""
+    return (f"# rollouts: {ranks} ranks x {per_rank} episodes in flight = {ranks * per_rank} (episodes_in_flight "
+            f"{cfg.episodes_in_flight}){against}; a generation request times out after {cfg.request_timeout_s:,.0f} s "
+            f"(max_tokens {cfg.max_tokens:,} at {cfg.request_floor_tokens_per_s:g} tokens/s + 60 s)")
+
+
+def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, serve_job: str | None = None,
+                 replicas: int | None = None) -> str:
+    """The trainer job (pure: golden-tested). `replicas`: the serving job's vLLM replicas (a comment)."""
     opts = cfg.slurm
     per_node = cfg.gpus_per_node or 1
     header = [f"--nodes={cfg.nodes}", f"--ntasks-per-node={per_node}", "--requeue",
@@ -50,6 +61,7 @@ def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, ser
         "export MASTER_PORT=$((20000 + 2 * (SLURM_JOB_ID % 20000)))",
         f"export OMP_NUM_THREADS={cfg.torch_threads}",
         *env_lines(cfg.env),
+        *([rollout_line(cfg, replicas)] if cfg.generator == "server" else []),
         "# USR2 (before the time limit) and SIGTERM (preemption) reach every rank: they checkpoint, rank 0 requeues",
         "srun --kill-on-bad-exit=1 " + " ".join(shlex.quote(c) for c in
                                               [opts.python, "-m", "tbhpc.cli", "train", run, "--config", config_path]),
@@ -76,13 +88,14 @@ def serve_config_for(cfg: TrainConfig):
 
 def render_train_pipeline(run: str, cfg: TrainConfig, workdir: str, serve_job: str = SERVE_PLACEHOLDER) -> dict[str, str]:
     """Every script of a training run, in submission order."""
-    scripts = {}
+    scripts, replicas = {}, None
     if cfg.generator == "server":
         scfg = serve_config_for(cfg)
         gpus = scfg.tensor_parallel_size * scfg.data_parallel_size if cfg.gpus_per_node else 0
+        replicas = scfg.data_parallel_size
         scripts["serve.sbatch"] = render_serve(run, f"{run}/serve.yaml", scfg.slurm, workdir, gpus=gpus, env=cfg.env)
     scripts["train.sbatch"] = render_train(run, f"{run}/train.yaml", cfg, workdir,
-                                           serve_job if cfg.generator == "server" else None)
+                                           serve_job if cfg.generator == "server" else None, replicas)
     return scripts
 
 

@@ -8,6 +8,7 @@ first allocation), which a long run does not repeat.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ class Measured:
     stream_tokens_per_s: float        # one episode's generated tokens / its wall seconds (median)
     update_points: list[tuple[float, float]]    # (trained tokens per rank, update seconds) per step
     weights_gb: float
-    in_flight: int = 0                # episodes the trainer kept in flight (ranks x episodes_in_flight)
+    in_flight: int = 0                # episodes the trainer kept in flight (episodes_in_flight: the run's total)
 
 
 def _median(xs) -> float:
@@ -85,7 +86,7 @@ def measure_run(path: Path) -> Measured:
                                      if st["rollout_s"]]),
         stream_tokens_per_s=_median([float(e[1] or 0) / e[3] for e in eps if e[3]]),
         update_points=[(st["tokens"] / world, st["update_s"]) for st in steady], weights_gb=weights,
-        in_flight=world * int(cfg.get("episodes_in_flight", 0) or 0))
+        in_flight=world * math.ceil(int(cfg.get("episodes_in_flight", 0) or 0) / world))    # the run's total, by ranks
 
 
 def _config(run) -> dict:

@@ -67,7 +67,7 @@ class Cluster:
     half_saturation: float = 0.0        # episodes in flight at which a replica makes half of that (0: always all)
     prefill_tokens_per_s: float = 0.0   # per replica (0: prefill folded into decode_tokens_per_s)
     stream_tokens_per_s: float = 20.0   # one sequence's decode speed at that concurrency
-    in_flight: int = 0                  # episodes the trainer keeps in flight (ranks x episodes_in_flight; 0: many)
+    in_flight: int = 0                  # episodes the trainer keeps in flight (the run's episodes_in_flight; 0: many)
     weights_gb: float = 0.01
     publish_gb_per_s: float = 1.0       # gather + write the published weights
     publish_fixed_s: float = 0.0

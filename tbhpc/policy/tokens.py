@@ -50,6 +50,7 @@ class TokenPolicy:
     on_template_break: str = "split"    # a template that rewrites earlier turns: split the episode into samples | error
     seed: int = 0
     threads: int = 1
+    timeout_s: float = 600.0            # server mode: one generation request's HTTP timeout
     name: str = "tokens"
     traces: dict = field(default_factory=dict, repr=False)   # (task_id, seed) -> finished TokenTrace
     _engine: tuple = field(default=(), repr=False)
@@ -63,6 +64,9 @@ class TokenPolicy:
             raise UserError(f"--policy tokens: generator must be server, local or batched, got {generator!r}")
         if generator == "server" and not (options.get("endpoint") or options.get("base_url")):
             raise UserError("--policy tokens generator=server needs endpoint=RUN_DIR or base_url=http://host:port")
+        timeout = options.get("timeout_s", 600.0)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            raise UserError(f"--policy tokens: timeout_s must be a positive number of seconds, got {timeout!r}")
 
     @staticmethod
     def check_ready(options: dict) -> None:
@@ -95,7 +99,7 @@ class TokenPolicy:
             from transformers import AutoTokenizer
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise UserError(f"--policy tokens needs transformers ({exc}); run `make env`") from None
-        return AutoTokenizer.from_pretrained(path), ServerGenerator(base_url, model)
+        return AutoTokenizer.from_pretrained(path), ServerGenerator(base_url, model, timeout_s=self.timeout_s)
 
     def _local_engine(self) -> tuple[Any, Generator]:
         from tbhpc.policy.hf import HFPolicy

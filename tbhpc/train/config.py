@@ -51,7 +51,10 @@ class TrainConfig:
     max_staleness: int = 0
     # where tokens come from: the run's vLLM server (endpoint.json) or the policy in this process
     generator: str = "server"             # server | local | batched (in process; batched serves episodes_in_flight together)
-    episodes_in_flight: int = 32          # concurrent episodes per rank (server mode)
+    episodes_in_flight: int = 32          # concurrent episodes of the whole run (server mode): each rank runs
+                                          # ceil(this / ranks) of them (in_flight_per_rank)
+    request_floor_tokens_per_s: float = 5.0   # the slowest decode a generation request may run at: its HTTP
+                                              # timeout is max_tokens / this + 60 s (request_timeout_s)
     temperature: float = 1.0
     top_k: int = 20
     top_p: float = 0.95
@@ -157,7 +160,8 @@ class TrainConfig:
         for name, ok, want in (("lr", lambda v: v > 0, "> 0"), ("temperature", lambda v: v > 0, "> 0"),
                                ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"), ("grad_clip", lambda v: v > 0, "> 0"),
                                ("weight_decay", lambda v: v >= 0, ">= 0"), ("sync_timeout_s", lambda v: v > 0, "> 0"),
-                               ("max_seconds", lambda v: v >= 0, ">= 0 (0: no budget)")):
+                               ("max_seconds", lambda v: v >= 0, ">= 0 (0: no budget)"),
+                               ("request_floor_tokens_per_s", lambda v: v > 0, "> 0")):
             v = getattr(self, name)
             if not (_finite(v) and ok(v)):
                 raise UserError(f"train config: field {name!r} must be a finite number {want}, got {v!r}")
@@ -212,6 +216,17 @@ class TrainConfig:
             raise UserError("train config: field 'offload_optimizer' needs zero_stage 1, 2 or 3")
         if self.sp_size > 1 and self.zero_stage != 3:
             raise UserError("train config: field 'sp_size' > 1 needs zero_stage 3 (its ranks share one partitioned model)")
+
+    def in_flight_per_rank(self, ranks: int) -> int:
+        """Episodes one of `ranks` trainer ranks keeps in flight: its share of the run's total (fewer
+        than a group's: the group's episodes queue for the rank's slots)."""
+        return max(1, math.ceil(self.episodes_in_flight / max(ranks, 1)))
+
+    @property
+    def request_timeout_s(self) -> float:
+        """How long one generation request may take: max_tokens at the floor rate, plus a minute of
+        queueing and prefill (a request that would decode slower counts as a failed request, re-run)."""
+        return self.max_tokens / self.request_floor_tokens_per_s + 60.0
 
     @property
     def draw_cap(self) -> int:

@@ -98,7 +98,7 @@ class Trainer:
         self.envs = Environments(cfg.servers)
         self.ctx = RolloutContext(pool, {t.id: t for t in tasks}, self.envs.for_task, self._policy(), *_user_judge(cfg),
                                   group_size=cfg.group_size, seed=cfg.seed, max_reruns=cfg.max_reruns,
-                                  max_staleness=cfg.max_staleness, episodes_in_flight=cfg.episodes_in_flight if cfg.generator != "local" else 1,
+                                  max_staleness=cfg.max_staleness, episodes_in_flight=cfg.in_flight_per_rank(self.env.world) if cfg.generator != "local" else 1,
                                   overlong=(cfg.response_budget, cfg.overlong_buffer, cfg.overlong_penalty),
                                   min_group_std=cfg.min_group_std)
         self.guard = CollapseGuard(cfg.guard_length, cfg.guard_entropy, cfg.guard_window, cfg.guard_reference or None)
@@ -113,7 +113,7 @@ class Trainer:
         c = self.cfg
         return TokenPolicy(model_path=c.model, generator=c.generator, endpoint=str(self.run_path), temperature=c.temperature,
                            top_k=c.top_k, top_p=c.top_p, max_tokens=c.max_tokens, response_budget=c.response_budget,
-                           max_context=c.max_context, seed=c.seed, threads=c.torch_threads)
+                           max_context=c.max_context, seed=c.seed, threads=c.torch_threads, timeout_s=c.request_timeout_s)
 
     def _sampling_weights(self, version: int) -> float:
         """Make the generator sample from step `version`'s weights (a server: that version or a newer
