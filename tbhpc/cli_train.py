@@ -198,7 +198,8 @@ def run_plan(args) -> int:
 
 
 def run(args) -> int:
-    from tbhpc.train.loop import Preempted, Trainer, requeue_or_exit
+    from tbhpc.train.loop import Preempted, Trainer, requeue_or_exit, stop_serving_job
+    from tbhpc.train.watch import RankLost
 
     cfg = load(args)
     from tbhpc.outpaths import check_run_folder
@@ -210,6 +211,8 @@ def run(args) -> int:
         if trainer.rank0:
             print(f"train: {exc}", flush=True)
         code = requeue_or_exit(trainer.rank0)
+    except RankLost as exc:      # a peer died or hung: end the job (no barrier: nobody would come)
+        trainer.fatal(str(exc))
     else:
         if trainer.rank0:
             if trainer.stopped:
@@ -217,16 +220,6 @@ def run(args) -> int:
             elif trainer.out_of_time:
                 print(f"train: {args.run}: time budget of {cfg.max_seconds:g} s spent after step {last}", flush=True)
             print(f"train: {args.run}: {last} steps done; weights in {args.run}/exports/step-{last:06d}", flush=True)
-            _stop_serving_job(args.run)
+            stop_serving_job(args.run, log=lambda m: print(m.replace("train: ", "train: training done; "), flush=True))
         code = 0
     trainer.leave(code)     # ends this process: every rank's work is written by now
-
-
-def _stop_serving_job(run: Path) -> None:
-    """A run submitted with `tbhpc submit train` ends its serving job with its training."""
-    import yaml
-    jobs = run / "slurm" / "train-jobs.yaml"
-    if jobs.exists() and (serve := (yaml.safe_load(jobs.read_text()) or {}).get("serve")):
-        from tbhpc.launch.train import cancel_and_wait
-        cancel_and_wait(str(serve), run)
-        print(f"train: training done; cancelled the serving job {serve}", flush=True)

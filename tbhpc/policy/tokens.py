@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tbhpc import progress
 from tbhpc.errors import UserError
 from tbhpc.llm_client import Usage
 from tbhpc.policy.base import Completion
@@ -146,6 +147,7 @@ class TokenSession:
             return Completion("", finish_reason="context_limit")
         cap = min(p.max_tokens, left) if not p.max_context else min(p.max_tokens, left, p.max_context - len(prompt))
         g = self.gen.generate(prompt, p.sampling(cap), seed=(p.seed * 1_000_003 + self.seed) * 1009 + self.turn)
+        progress.mark()          # a rank that still generates is slow, not hung (tbhpc/train/watch.py)
         self.turn += 1
         tr.add_generation(g.token_ids, g.logprobs, g.version)
         text = tr.tokenizer.decode(g.token_ids, skip_special_tokens=True)

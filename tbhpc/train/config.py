@@ -113,6 +113,11 @@ class TrainConfig:
     export_eval: str = ""                 # an eval campaign config run on every export (RUN/evals/step-N), off if empty
     export_eval_overrides: list[str] = field(default_factory=list)   # key=value for it, e.g. [limit=50, repeats=4]
     sync_timeout_s: float = 900.0         # wait this long for the server to announce new weights
+    # how long a rank waits for its peers (train/watch.py): for one that finishes no work (a generation
+    # request, an episode, a micro-batch) while the others wait after their rollouts, and in a collective
+    # (the process group's timeout); a peer whose heartbeat stops ends the run within min(this, 120 s).
+    # 0: twice request_timeout_s, at least 1,800 s
+    collective_timeout_s: float = 0.0
     tensorboard: bool = False             # scalars to RUN/tensorboard as well
     # how `tbhpc submit train` launches it
     nodes: int = 1
@@ -161,7 +166,8 @@ class TrainConfig:
                                ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"), ("grad_clip", lambda v: v > 0, "> 0"),
                                ("weight_decay", lambda v: v >= 0, ">= 0"), ("sync_timeout_s", lambda v: v > 0, "> 0"),
                                ("max_seconds", lambda v: v >= 0, ">= 0 (0: no budget)"),
-                               ("request_floor_tokens_per_s", lambda v: v > 0, "> 0")):
+                               ("request_floor_tokens_per_s", lambda v: v > 0, "> 0"),
+                               ("collective_timeout_s", lambda v: v >= 0, ">= 0 (0: from request_timeout_s)")):
             v = getattr(self, name)
             if not (_finite(v) and ok(v)):
                 raise UserError(f"train config: field {name!r} must be a finite number {want}, got {v!r}")
@@ -227,6 +233,17 @@ class TrainConfig:
         """How long one generation request may take: max_tokens at the floor rate, plus a minute of
         queueing and prefill (a request that would decode slower counts as a failed request, re-run)."""
         return self.max_tokens / self.request_floor_tokens_per_s + 60.0
+
+    @property
+    def collective_timeout(self) -> float:
+        """Seconds a rank waits for a peer that finishes no work (collective_timeout_s, or its default:
+        two generation requests' worth, at least 30 minutes)."""
+        return self.collective_timeout_s or max(1800.0, 2 * self.request_timeout_s)
+
+    @property
+    def silence_timeout(self) -> float:
+        """Seconds without a heartbeat after which a peer counts as gone (frozen, killed, node lost)."""
+        return min(120.0, self.collective_timeout)
 
     @property
     def draw_cap(self) -> int:

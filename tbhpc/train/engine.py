@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
+from tbhpc import progress
 from tbhpc.errors import TbhpcError, UserError
 from tbhpc.plan.memory import zero_buffers
 from tbhpc.train import memstat
@@ -191,7 +192,9 @@ class Engine:
             # That op serves only inference_all_reduce (tensor-parallel inference); training reduces
             # through the gloo process group. Marked incompatible, it is never built.
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-        deepspeed.init_distributed(dist_backend="nccl" if self.gpu else "gloo", verbose=False)
+        from datetime import timedelta
+        deepspeed.init_distributed(dist_backend="nccl" if self.gpu else "gloo", verbose=False,
+                                   timeout=timedelta(seconds=cfg.collective_timeout))
         self.sp = cfg.sp_size
         if env.world % self.sp:
             raise UserError(f"train config: field 'sp_size' ({self.sp}) must divide the trainer's {env.world} ranks")
@@ -314,6 +317,7 @@ class Engine:
                 pos = torch.arange(2, device=self.device)[None]
                 loss = self.engine(input_ids=ids, position_ids=pos, use_cache=False).logits.sum() * 0.0
             self.engine.backward(loss)
+            progress.mark()
             if k == n_micro - 1 and cfg.zero_stage == 0:
                 # DeepSpeed clips but does not keep the norm without ZeRO: measure the reduced gradient here
                 plain = torch.sqrt(sum((q.grad.float() ** 2).sum() for q in self.module.parameters() if q.grad is not None))

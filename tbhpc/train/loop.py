@@ -38,6 +38,7 @@ from tbhpc.train.queue import DROPPED, FLAT, MIXED, DrawQueue, make_store
 from tbhpc.train.record import open_train_run, record_step, step_line
 from tbhpc.train.rollouts import Ahead, RolloutContext, StepRollouts, run_rank_rollouts
 from tbhpc.train.stability import CollapseGuard, RolloutHealth, is_overlong
+from tbhpc.train.watch import Watch, collectives
 
 STOPPED = 3     # exit status of a run stopped by a signal outside Slurm (run the same command to resume)
 
@@ -95,6 +96,8 @@ class Trainer:
         from tbhpc.store.run_dir import RunDir
         self.run = RunDir(self.run_path).require()
         self.store = make_store(self.env.rank, self.env.world, self.env.master_addr, self.env.master_port + 1)
+        self.watch = Watch(self.store, self.env.rank, self.env.world, cfg.silence_timeout, cfg.collective_timeout,
+                           "collective_timeout_s", on_fatal=self.fatal).start()
         self.envs = Environments(cfg.servers)
         self.ctx = RolloutContext(pool, {t.id: t for t in tasks}, self.envs.for_task, self._policy(), *_user_judge(cfg),
                                   group_size=cfg.group_size, seed=cfg.seed, max_reruns=cfg.max_reruns,
@@ -194,12 +197,15 @@ class Trainer:
         try:
             for step in range(start, self.cfg.steps + 1):
                 t_wait = time.monotonic()
+                self.watch.phase = f"the rollouts of step {step}"
                 ro = ahead.result() if ahead else self._rollouts(step)
                 wait_s = time.monotonic() - t_wait
+                self.watch.meet(f"rollouts-{step}", f"the rollouts of step {step}")   # bounded: no collective yet
                 if self._agree_to_stop():     # also the barrier after which every rank's outcomes are in
                     raise Preempted(f"stopped during the rollouts of step {step}; it is redrawn on resume")
                 ahead = Ahead.started(self._rollouts, step + 1) if self.cfg.max_staleness and step < self.cfg.steps else None
-                self._learn(step, ro, wait_s, t_free)
+                with collectives(self.watch, f"the update and publication of step {step}", self.cfg.collective_timeout):
+                    self._learn(step, ro, wait_s, t_free)
                 t_free = time.monotonic()
                 if self.stopped or self.out_of_time:
                     return step
@@ -212,8 +218,21 @@ class Trainer:
                 ahead.join()
         return self.cfg.steps
 
+    def fatal(self, line: str) -> None:
+        """A peer is lost (train/watch.py): end the run now: its serving job cancelled, this process ended
+        with one line (srun --kill-on-bad-exit ends the other ranks). No barrier: nobody would come."""
+        from tbhpc.train.watch import _die
+        self.watch.stop()
+        try:
+            stop_serving_job(self.run_path)
+        except Exception:       # the one line below matters more than the cleanup
+            pass
+        _die(line)
+
     def leave(self, code: int):
-        """End this rank's process once its work is written (Engine.leave: no interpreter teardown)."""
+        """End this rank's process once its work is written (Engine.leave: no interpreter teardown). The
+        watch stops first: rank 0's store goes with rank 0, and that is no longer news."""
+        self.watch.stop()
         if self.tb is not None:
             self.tb.close()
         self.eng.leave(code)
@@ -468,6 +487,17 @@ class Trainer:
 
     def _agree_to_stop(self) -> bool:
         return bool(self.eng.all_reduce([1.0 if self.stop.is_set() else 0.0], "max")[0])
+
+
+def stop_serving_job(run: Path, log=None) -> None:
+    """A run submitted with `tbhpc submit train` ends its serving job with its training (finished or failed)."""
+    import yaml
+    jobs = Path(run) / "slurm" / "train-jobs.yaml"
+    if jobs.exists() and (serve := (yaml.safe_load(jobs.read_text()) or {}).get("serve")):
+        from tbhpc.launch.train import cancel_and_wait
+        cancel_and_wait(str(serve), Path(run))
+        if log:
+            log(f"train: cancelled the serving job {serve}")
 
 
 def requeue_or_exit(rank0: bool, log=print) -> int:
