@@ -185,6 +185,10 @@ def test_deepspeed_config_follows_the_device():
     assert cpu["optimizer"]["params"] == {"lr": 1e-6, "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8,
                                           "torch_adam": True}
     assert cpu["gradient_clipping"] == 1.0 and cpu["gradient_accumulation_steps"] == 1
+    # on a GPU torch's fused AdamW (DeepSpeed's FusedAdam would be compiled with nvcc on every node)
+    assert gpu["optimizer"]["params"]["torch_adam"] is True and gpu["optimizer"]["params"]["fused"] is True
+    offload = ds_config(TrainConfig(offload_optimizer=True), gpu=True, hidden=64)["optimizer"]["params"]
+    assert offload["torch_adam"] is False and "fused" not in offload       # DeepSpeed's CPU Adam on host memory
 
 
 def test_ranks_come_from_slurm_or_torchrun():

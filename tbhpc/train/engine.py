@@ -137,6 +137,12 @@ def ds_config(cfg: TrainConfig, gpu: bool, hidden: int) -> dict:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": gpu}
     if cfg.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": gpu}
+    # torch's AdamW everywhere, fused on a GPU: DeepSpeed's own FusedAdam is compiled with nvcc on its
+    # first use, on every node; only optimizer offload on a GPU takes DeepSpeed's CPU Adam (a C++ build)
+    adamw: dict[str, Any] = {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "betas": list(cfg.betas), "eps": 1e-8,
+                             "torch_adam": not (gpu and cfg.offload_optimizer)}
+    if gpu and not cfg.offload_optimizer:
+        adamw["fused"] = True
     extra = {}
     if (cfg.offload_optimizer or cfg.offload_params) and not gpu:
         extra["zero_force_ds_cpu_optimizer"] = False      # a CPU rank keeps torch's AdamW (no C++ build)
@@ -145,8 +151,7 @@ def ds_config(cfg: TrainConfig, gpu: bool, hidden: int) -> dict:
         "gradient_accumulation_steps": 1,
         "gradient_clipping": cfg.grad_clip,
         "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "weight_decay": cfg.weight_decay,
-                                                  "betas": list(cfg.betas), "eps": 1e-8, "torch_adam": not gpu}},
+        "optimizer": {"type": "AdamW", "params": adamw},
         "bf16": {"enabled": bf16},
         "fp16": {"enabled": False},
         "steps_per_print": 10**9,
