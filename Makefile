@@ -16,13 +16,16 @@ env: $(STAMP)
 browser:
 	bash env/setup-browser.sh
 
-# The serving environment (vLLM, its own pins): see env/setup-vllm.sh.
+# The serving environment (vLLM, its own pins): see env/setup-vllm.sh. VLLM_BUILD=cpu (default: this
+# machine, CI, CPU nodes) or VLLM_BUILD=cuda (GPU nodes: `make env-vllm VLLM_BUILD=cuda`, from any
+# machine, a login node included); `tbhpc serve` with device cuda refuses a CPU build.
 VLLM_VENV  ?= .venv-vllm
-VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_BUILD ?= cpu
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_BUILD)
 env-vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): pyproject.toml env/setup-vllm.sh
-	PY=$(PY) VENV=$(VLLM_VENV) bash env/setup-vllm.sh
+	PY=$(PY) VENV=$(VLLM_VENV) VLLM_BUILD=$(VLLM_BUILD) bash env/setup-vllm.sh
 	touch $(VLLM_STAMP)
 
 # env/setup.sh: torch first (the CPU wheel on disk), then the project with its pinned extras.

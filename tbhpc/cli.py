@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "warmstart":
             from tbhpc import cli_train
             return cli_train.run_warmstart(args)
+        if args.cmd == "doctor":
+            from tbhpc import cli_train
+            return cli_train.run_doctor(args)
         if args.cmd == "plan":
             from tbhpc import cli_train
             return cli_train.run_plan(args)

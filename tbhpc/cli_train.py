@@ -22,6 +22,10 @@ def add_parsers(sub) -> None:
     pl.add_argument("config", type=Path, help="YAML train config (see jobs/train-reference.yaml)")
     pl.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="e.g. model=DIR gpu_memory_gb=141 sp_size=8")
     pl.add_argument("--json", action="store_true", help="the plan as JSON")
+    dr = sub.add_parser("doctor", help="what this node will run (torch, CUDA, NCCL, DeepSpeed, vLLM build, flash-attn, "
+                                       "nvcc, Slurm) and one line per thing that would stop the training config given")
+    dr.add_argument("config", type=Path, nargs="?", help="a YAML train config to check against this node")
+    dr.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     w = sub.add_parser("warmstart", help="build a small model and fine-tune it on oracle episodes (a GRPO start point)")
     w.add_argument("--out", type=out_arg, required=True, help="where the warm-started HF model goes")
     w.add_argument("--force", action="store_true", help="write into a non-empty folder that does not hold a model")
@@ -182,6 +186,30 @@ def load(args):
     from tbhpc.plan.memory import require_fit
     require_fit(cfg, str(args.config or "train config"))
     return cfg
+
+
+def run_doctor(args) -> int:
+    """Exit 0 when nothing would stop the config (or none is given), 1 with one line per problem."""
+    from tbhpc.doctor import probe, problems, render
+    cfg = serve = None
+    found: list[str] = []
+    if args.config or args.overrides:
+        from tbhpc.train.config import TrainConfig
+        cfg = load_config(TrainConfig, args.config, args.overrides)
+        if cfg.generator == "server":
+            from tbhpc.launch.train import serve_config_for
+            serve = serve_config_for(cfg)
+        if cfg.model and (Path(cfg.model).expanduser() / "config.json").is_file():
+            from tbhpc.plan.memory import plan
+            p = plan(cfg)
+            if not p.fits:
+                found.append(f"memory: {p.problem}")
+    node = probe(serve.python if serve is not None else None)
+    found = problems(node, cfg, serve) + found
+    print(render(node, found), flush=True)
+    for line in found:
+        print(f"tbhpc: doctor: {line}", file=sys.stderr)
+    return 1 if found else 0
 
 
 def run_plan(args) -> int:

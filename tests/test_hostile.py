@@ -284,6 +284,8 @@ CASES = [
     ("plan-negative-gpu", ["plan", "ref.yaml", "model=m27", "gpu_memory_gb=-1"], 2, ["'gpu_memory_gb'"]),
     ("plan-too-small", ["plan", "ref.yaml", "model=m27", "gpu_memory_gb=40"], 2, ["does not fit", "change field '"]),
     ("plan-chunk-zero", ["plan", "ref.yaml", "model=m27", "logprob_chunk=0"], 2, ["'logprob_chunk'"]),
+    ("doctor-no-config", ["doctor", "nope.yaml"], 2, ["nope.yaml"]),
+    ("doctor-bad-env", ["doctor", "ref.yaml", "env={1X: a}"], 2, ["field 'env'", "'1X'"]),
 ]
 
 

@@ -1,6 +1,7 @@
 """The serve room without a server: the vLLM command line and the Slurm job script (golden), the
 endpoint file, the checkpoint-publication protocol, and config errors."""
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,28 @@ def test_serve_cli_dry_runs(capsys):
     assert "#SBATCH --gres=gpu:1" in capsys.readouterr().out
     assert main(["serve", "/tmp/r", "--dry-run"]) == 2      # no model: one-line error, exit 2
     assert "field 'model' is required" in capsys.readouterr().err
+
+
+def test_the_vllm_build_is_read_and_a_device_it_cannot_run_on_is_refused(tmp_path):
+    """`device: cuda` never starts a CPU vLLM (env/setup-vllm.sh records its build; an environment
+    made otherwise is read from its packages), and `auto` is the build's device."""
+    from tbhpc.serve.server import vllm_build
+    from tbhpc.serve.supervisor import resolve_device
+    fake = tmp_path / "venv"
+    (fake / "bin").mkdir(parents=True)
+    (fake / "bin" / "python").write_text("")
+    (fake / ".build").write_text("cpu\n")
+    assert vllm_build(str(fake / "bin" / "python"))[0] == "cpu"
+    assert vllm_build(sys.executable) == ("", vllm_build(sys.executable)[1])      # the trainer's env: no vLLM
+    with pytest.raises(UserError) as err:
+        resolve_device(ServeConfig(model="/m", device="cuda", python=str(fake / "bin" / "python")))
+    assert "field 'device' is cuda" in str(err.value) and "cpu build" in str(err.value)
+    assert "VLLM_BUILD=cuda make env-vllm" in str(err.value) and "\n" not in str(err.value)
+    assert resolve_device(ServeConfig(model="/m", device="auto", python=str(fake / "bin" / "python"))).device == "cpu"
+    (fake / ".build").write_text("cuda\n")
+    with pytest.raises(UserError, match="field 'device' is cpu but .* the cuda build"):
+        resolve_device(ServeConfig(model="/m", device="cpu", python=str(fake / "bin" / "python")))
+    vllm_python = os.environ.get("TBHPC_VLLM_PYTHON")
+    if vllm_python and Path(vllm_python).exists():          # the real serving environment of this machine
+        build, what = vllm_build(vllm_python)
+        assert build == "cpu", what

