@@ -226,7 +226,8 @@ def run_plan(args) -> int:
 
 
 def run(args) -> int:
-    from tbhpc.train.loop import Preempted, Trainer, requeue_or_exit, stop_serving_job
+    from tbhpc.train.jobs import requeue_or_exit, stop_serving_job
+    from tbhpc.train.loop import Preempted, Trainer
     from tbhpc.train.watch import RankLost
 
     cfg = load(args)

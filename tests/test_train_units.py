@@ -308,3 +308,10 @@ def test_episodes_in_flight_is_the_runs_total_and_requests_time_out_by_a_decode_
     assert policy.load()[1].timeout_s == 1698.4      # what the trainer's policy hands its server generator
     with pytest.raises(UserError, match="timeout_s"):
         TokenPolicy.check_ranges({"generator": "server", "base_url": "http://x", "timeout_s": -1})
+
+
+def test_the_preemption_margin_is_checked_against_the_measured_step():
+    from tbhpc.train.jobs import preemption_margin
+    assert preemption_margin(300, update_s=60, publish_s=100) == ""
+    warn = preemption_margin(120, update_s=60, publish_s=100)
+    assert "120 s before the time limit" in warn and "(160 s)" in warn and "slurm.signal_seconds to 240" in warn

@@ -32,6 +32,7 @@ from tbhpc.serve.checkpoints import BASE_VERSION, mark_ready, published, version
 from tbhpc.train.config import TrainConfig
 from tbhpc.train.draw import load_pool
 from tbhpc.train.engine import DistEnv, Engine
+from tbhpc.train.jobs import preemption_margin, start_export_eval, stop_serving_job
 from tbhpc.train.grpo import group_advantages
 from tbhpc.train.packing import effective_budget, pack
 from tbhpc.train.queue import DROPPED, FLAT, MIXED, DrawQueue, make_store
@@ -40,7 +41,6 @@ from tbhpc.train.rollouts import Ahead, RolloutContext, StepRollouts, run_rank_r
 from tbhpc.train.stability import CollapseGuard, RolloutHealth, is_overlong
 from tbhpc.train.watch import Watch, collectives
 
-STOPPED = 3     # exit status of a run stopped by a signal outside Slurm (run the same command to resume)
 
 
 class Preempted(TbhpcError):
@@ -109,6 +109,7 @@ class Trainer:
         self.elapsed_s = self.spent_s = 0.0      # wall time of the finished steps / up to this step's update (resumes included)
         self.out_of_time = False                 # max_seconds reached: the run ends after this step
         self.tb = _tensorboard(self.run_path) if cfg.tensorboard and self.rank0 else None
+        self.margin_warned = False
 
     # ---- generation side -------------------------------------------------------------------
     def _policy(self):
@@ -267,6 +268,11 @@ class Trainer:
             self._checkpoint(step)
         self._publish(step)
         publish_s = time.monotonic() - t0
+        if self.rank0 and not self.margin_warned and os.environ.get("SLURM_JOB_ID"):
+            warning = preemption_margin(cfg.slurm.signal_seconds, update_s, publish_s)
+            if warning:
+                self.log(f"train: warning: {warning}")
+                self.margin_warned = True
         timings = dict(rollout_s=ro.rollout_s, update_s=update_s, publish_s=publish_s, sync_s=ro.sync_s,
                        step_s=time.monotonic() - t_free, wait_s=wait_s)
         stamps = dict(rollout_start=ro.started, rollout_end=ro.ended, update_start=t_update, update_end=t_updated,
@@ -487,46 +493,6 @@ class Trainer:
 
     def _agree_to_stop(self) -> bool:
         return bool(self.eng.all_reduce([1.0 if self.stop.is_set() else 0.0], "max")[0])
-
-
-def stop_serving_job(run: Path, log=None) -> None:
-    """A run submitted with `tbhpc submit train` ends its serving job with its training (finished or failed)."""
-    import yaml
-    jobs = Path(run) / "slurm" / "train-jobs.yaml"
-    if jobs.exists() and (serve := (yaml.safe_load(jobs.read_text()) or {}).get("serve")):
-        from tbhpc.launch.train import cancel_and_wait
-        cancel_and_wait(str(serve), Path(run))
-        if log:
-            log(f"train: cancelled the serving job {serve}")
-
-
-def requeue_or_exit(rank0: bool, log=print) -> int:
-    """After Preempted: under Slurm, rank 0 requeues the job (it restarts from the checkpoint);
-    elsewhere the caller exits with STOPPED and the same command resumes."""
-    job = os.environ.get("SLURM_JOB_ID")
-    if job and rank0:
-        out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
-        log(f"train: requeued job {job}" if out.returncode == 0 else f"train: scontrol requeue {job} failed: {out.stderr.strip()}")
-    return 0 if job else STOPPED
-
-
-def start_export_eval(cfg: TrainConfig, run_path: Path, step: int, export: Path) -> str:
-    """Evaluate an export without holding up training: under Slurm a submitted eval pipeline
-    (array -> merge -> agg), elsewhere a detached local campaign; results in RUN/evals/step-N."""
-    import sys
-    out = run_path / "evals" / version_name(step)
-    args = ["--config", cfg.export_eval, "--out", str(out), "policy=tokens",
-            f"policy_opts={{generator: local, model_path: {export}, max_tokens: {cfg.max_tokens}, "
-            f"response_budget: {cfg.response_budget}}}", *cfg.export_eval_overrides]
-    if os.environ.get("SLURM_JOB_ID"):
-        cmd = [sys.executable, "-m", "tbhpc.cli", "submit", "eval", *args]
-    else:
-        cmd = [sys.executable, "-m", "tbhpc.cli", "eval", *args]
-    log = run_path / "logs" / f"eval-{version_name(step)}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as fh:
-        subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    return f"train: evaluating {export.name} in {out} ({'submitted' if os.environ.get('SLURM_JOB_ID') else 'local'}; log {log})"
 
 
 def _user_judge(cfg: TrainConfig):

@@ -1,0 +1,64 @@
+"""A training run's dealings with the scheduler around it: requeue after a preemption signal, the
+signal's margin against the measured step, the serving job that ends with the run, evaluations of
+exports submitted beside it. Kept out of the step loop (loop.py), which calls them."""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from tbhpc.serve.checkpoints import version_name
+from tbhpc.train.config import TrainConfig
+
+STOPPED = 3     # exit status of a run stopped by a signal outside Slurm (run the same command to resume)
+
+
+def preemption_margin(signal_s: float, update_s: float, publish_s: float, factor: float = 1.5) -> str:
+    """'' when the signal Slurm sends before the time limit leaves room to finish a step's update,
+    checkpoint and publication (measured on this run, with `factor` to spare); else the warning."""
+    need = factor * (update_s + publish_s)
+    if signal_s >= need:
+        return ""
+    return (f"Slurm signals {signal_s:g} s before the time limit, less than {factor:g} x this run's update + checkpoint "
+            f"+ publication ({update_s + publish_s:.0f} s): a step caught by it may not be saved; raise slurm.signal_seconds "
+            f"to {int(need + 0.999)} or more")
+
+
+def stop_serving_job(run: Path, log=None) -> None:
+    """A run submitted with `tbhpc submit train` ends its serving job with its training (finished or failed)."""
+    import yaml
+    jobs = Path(run) / "slurm" / "train-jobs.yaml"
+    if jobs.exists() and (serve := (yaml.safe_load(jobs.read_text()) or {}).get("serve")):
+        from tbhpc.launch.train import cancel_and_wait
+        cancel_and_wait(str(serve), Path(run))
+        if log:
+            log(f"train: cancelled the serving job {serve}")
+
+
+def requeue_or_exit(rank0: bool, log=print) -> int:
+    """After Preempted: under Slurm, rank 0 requeues the job (it restarts from the checkpoint);
+    elsewhere the caller exits with STOPPED and the same command resumes."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if job and rank0:
+        out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        log(f"train: requeued job {job}" if out.returncode == 0 else f"train: scontrol requeue {job} failed: {out.stderr.strip()}")
+    return 0 if job else STOPPED
+
+
+def start_export_eval(cfg: TrainConfig, run_path: Path, step: int, export: Path) -> str:
+    """Evaluate an export without holding up training: under Slurm a submitted eval pipeline
+    (array -> merge -> agg), elsewhere a detached local campaign; results in RUN/evals/step-N."""
+    import sys
+    out = run_path / "evals" / version_name(step)
+    args = ["--config", cfg.export_eval, "--out", str(out), "policy=tokens",
+            f"policy_opts={{generator: local, model_path: {export}, max_tokens: {cfg.max_tokens}, "
+            f"response_budget: {cfg.response_budget}}}", *cfg.export_eval_overrides]
+    if os.environ.get("SLURM_JOB_ID"):
+        cmd = [sys.executable, "-m", "tbhpc.cli", "submit", "eval", *args]
+    else:
+        cmd = [sys.executable, "-m", "tbhpc.cli", "eval", *args]
+    log = run_path / "logs" / f"eval-{version_name(step)}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as fh:
+        subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    return f"train: evaluating {export.name} in {out} ({'submitted' if os.environ.get('SLURM_JOB_ID') else 'local'}; log {log})"
