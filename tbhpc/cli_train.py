@@ -199,8 +199,8 @@ def run_doctor(args) -> int:
         if cfg.generator == "server":
             from tbhpc.launch.train import serve_config_for
             serve = serve_config_for(cfg)
-        if cfg.model and (Path(cfg.model).expanduser() / "config.json").is_file():
-            from tbhpc.plan.memory import plan
+        from tbhpc.plan.memory import plan, plannable
+        if plannable(cfg.model):
             p = plan(cfg)
             if not p.fits:
                 found.append(f"memory: {p.problem}")

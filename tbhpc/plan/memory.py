@@ -390,11 +390,15 @@ def smallest_fix(cfg, s: ModelShape) -> str:
     return ""
 
 
+def plannable(model: str) -> bool:
+    """Whether `model` is a local directory holding config.json (a hub name or a missing path is not planned)."""
+    return bool(model) and (Path(model).expanduser() / "config.json").is_file()
+
+
 def require_fit(cfg, source: str) -> None:
     """Refuse, in one line, a config whose plan does not fit (`tbhpc train`, `submit train` and the API
-    call it before any run directory exists). A model that is not a local directory with config.json
-    is not planned."""
-    if not (Path(cfg.model).expanduser() / "config.json").is_file():
+    call it before any run directory exists). A model that is not plannable is not planned."""
+    if not plannable(cfg.model):
         return
     p = plan(cfg)
     if not p.fits:

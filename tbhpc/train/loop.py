@@ -64,8 +64,8 @@ def _utc(t: float) -> str:
 def trainable_tokens(cfg: TrainConfig) -> int:
     """The longest sample the memory plan lets this run train (0: no limit: a CPU run without
     host_memory_gb, or a model whose config.json is not on disk)."""
-    from tbhpc.plan.memory import plan
-    if not (Path(cfg.model).expanduser() / "config.json").is_file():
+    from tbhpc.plan.memory import plan, plannable
+    if not plannable(cfg.model):
         return 0
     return plan(cfg, suggest=False).longest_episode
 
@@ -222,13 +222,13 @@ class Trainer:
     def fatal(self, line: str) -> None:
         """A peer is lost (train/watch.py): end the run now: its serving job cancelled, this process ended
         with one line (srun --kill-on-bad-exit ends the other ranks). No barrier: nobody would come."""
-        from tbhpc.train.watch import _die
+        from tbhpc.train.watch import die
         self.watch.stop()
         try:
             stop_serving_job(self.run_path)
         except Exception:       # the one line below matters more than the cleanup
             pass
-        _die(line)
+        die(line)
 
     def leave(self, code: int):
         """End this rank's process once its work is written (Engine.leave: no interpreter teardown). The

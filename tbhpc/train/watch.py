@@ -43,7 +43,7 @@ class Watch:
                  on_fatal=None, beat_s: float = 2.0):
         self.store, self.rank, self.world = store, rank, world
         self.dead_s, self.stall_s, self.field, self.beat_s = dead_s, stall_s, field, beat_s
-        self.on_fatal = on_fatal or _die
+        self.on_fatal = on_fatal or die
         self.phase = "starting"
         self._seq = 0
         self._lock = store_lock(store)
@@ -147,7 +147,7 @@ def collectives(watch: "Watch", phase: str, timeout_s: float):
                        "; every rank still answers: one is slower than that, raise it")) from None
 
 
-def _die(line: str) -> None:
+def die(line: str) -> None:
     """End this process now with one line (called from the watch thread: the main thread may be
     blocked inside a collective that would never return)."""
     sys.stderr.write(f"tbhpc: error: {line}\n")
