@@ -100,3 +100,18 @@ def require_slurm() -> None:
         pytest.skip("no Slurm cluster (run `make slurm-up` and source its env.sh)")
     out = subprocess.run(["sinfo", "-h", "-p", "batch", "-o", "%D %t"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def checkpoint_weights(path: Path) -> dict:
+    """Every tensor of an HF checkpoint directory as numpy arrays: one model.safetensors, or the shards
+    each training rank wrote (listed in model.safetensors.index.json)."""
+    import json
+
+    from safetensors.numpy import load_file
+    index = path / "model.safetensors.index.json"
+    if not index.exists():
+        return load_file(str(path / "model.safetensors"))
+    out: dict = {}
+    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+        out.update(load_file(str(path / shard)))
+    return out

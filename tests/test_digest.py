@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tbhpc.serve.digest import compare, merge_served, model_digests, served_dtypes, state_digest
+from tbhpc.serve.digest import compare, compare_replicas, merge_served, model_digests, served_dtypes, state_digest
 from tbhpc.serve.vllm_ext import tbhpc_digest as dg
 
 sys.path.insert(0, str(Path(dg.__file__).parent))        # the server imports these modules by file name
@@ -101,7 +101,8 @@ def test_compare_names_the_first_difference_in_model_order():
     assert compare(want, served).mismatch.startswith("the server holds 1 tensor(s) the checkpoint has no digest for (d")
     assert "computes in bfloat16" in compare(want, {**served, "dtype": "bfloat16"}).mismatch
     assert not compare(want, {"dtype": "float32", "tensors": {}}).equal              # nothing compared: not a pass
-    assert compare(want, merge_served([{"a": 1}, {"b": 2}])).unsupported == "2 workers: the digest covers one"
+    assert "no digest from the server" in compare(want, merge_served([{"a": 1}])).unsupported
+    assert not compare(want, merge_served([])).equal                                # could not digest: not a pass
 
 
 def test_publishers_digest_in_the_dtype_the_server_announced(tmp_path):
@@ -144,4 +145,105 @@ def test_served_side_reads_fused_rows_and_packed_copies_back_exactly():
                          "layers.0.input_layernorm.weight": norm}, "bfloat16")
     check = compare(want, served)
     assert check.equal and check.tensors == 5 and check.kernel_copies == 4, check.summary()
-    assert "split over 2 workers" in served_mod.served_digests(model, torch.bfloat16, lambda m: None, shards=2)["unsupported"]
+
+
+# vLLM's parallel layers, as far as the served-side digest reads them (it goes by class name and attributes)
+class ColumnParallelLinear(torch.nn.Module):
+    def __init__(self, full: torch.Tensor, rank: int, tp: int, sizes: list[int] | None = None, kv_replicas: int = 1):
+        super().__init__()
+        self.tp_rank, self.tp_size, self.num_kv_head_replicas = rank, tp, kv_replicas
+        sizes = sizes or [full.shape[0]]
+        parts, start, local = [], 0, []
+        for i, n in enumerate(sizes):                    # each fused sub-tensor split over the ranks
+            sub = full[start:start + n]
+            start += n
+            owners = tp // kv_replicas if (kv_replicas > 1 and i > 0) else tp
+            owner = rank // kv_replicas if (kv_replicas > 1 and i > 0) else rank
+            cut = sub.chunk(owners)[owner]
+            parts.append(cut)
+            local.append(cut.shape[0])
+        self.output_partition_sizes = local
+        self.weight = torch.nn.Parameter(torch.cat(parts), requires_grad=False)
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    pass
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    pass
+
+
+class RowParallelLinear(torch.nn.Module):
+    def __init__(self, full: torch.Tensor, bias: torch.Tensor, rank: int, tp: int):
+        super().__init__()
+        self.tp_rank, self.tp_size = rank, tp
+        self.input_size_per_partition = full.shape[1] // tp
+        self.weight = torch.nn.Parameter(full.chunk(tp, dim=1)[rank].contiguous(), requires_grad=False)
+        self.bias = torch.nn.Parameter(bias.clone(), requires_grad=False)
+
+
+class VocabParallelEmbedding(torch.nn.Module):
+    def __init__(self, full: torch.Tensor, rank: int, tp: int, padded: int):
+        super().__init__()
+        per = padded // tp
+        start, end = rank * per, min((rank + 1) * per, full.shape[0])
+        self.tp_rank, self.tp_size = rank, tp
+        self.shard_indices = type("Shard", (), {"org_vocab_start_index": start, "org_vocab_end_index": end})()
+        rows = torch.zeros(per, full.shape[1], dtype=full.dtype)
+        rows[:end - start] = full[start:end]
+        rows[end - start:] = 7.0                         # padding rows: never part of the checkpoint
+        self.weight = torch.nn.Parameter(rows, requires_grad=False)
+
+
+def _tp_worker(full: dict, rank: int, tp: int) -> torch.nn.Module:
+    layer = torch.nn.Module()
+    layer.qkv_proj = QKVParallelLinear(torch.cat([full["q"], full["k"], full["v"]]), rank, tp, [16, 4, 4],
+                                       kv_replicas=tp // 1 if tp > 1 else 1)
+    layer.gate_up_proj = MergedColumnParallelLinear(torch.cat([full["gate"], full["up"]]), rank, tp, [12, 12])
+    layer.o_proj = RowParallelLinear(full["o"], full["o_bias"], rank, tp)
+    layer.norm = torch.nn.Module()
+    layer.norm.weight = torch.nn.Parameter(full["norm"].clone(), requires_grad=False)
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([layer])
+    model.embed_tokens = VocabParallelEmbedding(full["embed"], rank, tp, padded=24)
+    model.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    return model
+
+
+def test_tensor_parallel_shards_add_up_to_the_checkpoints_digest_on_every_replica():
+    """Two tensor-parallel workers (one key/value head replicated on both, a row-parallel layer cut by
+    columns, a padded vocabulary, a replicated norm) per replica, two replicas: the workers' partial
+    digests add up to the checkpoint's; a replica whose shard is stale fails, named."""
+    torch.manual_seed(3)
+    full = {n: torch.randn(*shape).to(torch.bfloat16) for n, shape in
+            {"q": (16, 8), "k": (4, 8), "v": (4, 8), "gate": (12, 8), "up": (12, 8), "o": (8, 16), "o_bias": (8,),
+             "norm": (8,), "embed": (21, 8)}.items()}
+    names = {"q": "layers.0.q_proj.weight", "k": "layers.0.k_proj.weight", "v": "layers.0.v_proj.weight",
+             "gate": "layers.0.gate_proj.weight", "up": "layers.0.up_proj.weight", "o": "layers.0.o_proj.weight",
+             "o_bias": "layers.0.o_proj.bias", "norm": "layers.0.norm.weight", "embed": "embed_tokens.weight"}
+    want = state_digest({names[k]: v for k, v in full.items()}, "bfloat16")
+
+    def reports(tp: int, dp: int, stale: tuple[int, int] | None = None) -> list[dict]:
+        out = []
+        for d in range(dp):
+            for r in range(tp):
+                model = _tp_worker(full, r, tp)
+                if (d, r) == stale:
+                    with torch.no_grad():
+                        model.layers[0].o_proj.weight[0, 0] += 1
+                rep = served_mod.served_digests(model, torch.bfloat16, lambda m: None, tp_rank=r)
+                out.append({**rep, "dp_rank": d, "dp": dp, "tp_rank": r, "tp": tp, "pp_rank": 0, "pp": 1})
+        return out
+
+    for tp, dp in ((1, 1), (2, 1), (2, 2)):
+        check = compare_replicas(want, merge_served(reports(tp, dp)))
+        assert check.equal and check.tensors == 9 and (check.replicas, check.workers) == (dp, tp * dp), check.summary()
+        assert check.total == want["total"]
+    one_rank = [r for r in reports(2, 1) if r["tp_rank"] == 0]             # what vLLM's RPC returns, alone
+    assert not compare_replicas(want, merge_served(one_rank)).equal    # half the shards are not a digest
+    one_replica = reports(2, 2)[:2]
+    check = compare_replicas(want, merge_served(one_replica))
+    assert "no digest from replica 1 of 2 x 2 workers" in check.unsupported and not check.equal
+    check = compare_replicas(want, merge_served(reports(2, 2, stale=(1, 1))))
+    assert check.mismatch.startswith("replica 1 of 2: layers.0.o_proj.weight (parameter"), check.mismatch

@@ -48,7 +48,7 @@ def test_make_train_runs_on_policy_grpo_with_every_step_sampled_by_the_previous_
 
 def test_make_train_runs_one_step_off_policy_grpo_on_the_cluster_with_the_server_alongside(tmp_path):
     """jobs/train-offpolicy.yaml (max_staleness 1): the server generates step s+1's rollouts while
-    the trainer updates step s."""
+    the trainer updates step s; each step's weights are broadcast into it, checkpoints every 2 steps."""
     _need_cluster()
     run = tmp_path / "run"
     res = subprocess.run(["make", "train", "NODES=3", "CONFIG=jobs/train-offpolicy.yaml", f"RUN={run}", "WAIT=1"], cwd=REPO,
@@ -79,6 +79,11 @@ def test_make_train_runs_one_step_off_policy_grpo_on_the_cluster_with_the_server
     syncs = [s for s in read_syncs(run) if s.get("version", "").startswith("step-")]
     assert len(syncs) >= 3 and all(s.get("verified") for s in syncs), syncs
     assert all(s["digest_equal"] is True and s["digest_tensors"] > 0 for s in syncs), syncs
+    # sync_transport: broadcast: every step streamed into the server over gloo, no checkpoint directory
+    # written for it; checkpoint_every: 2 leaves DeepSpeed state for steps 4 and 6 only (keep 2)
+    assert all(s["transport"] == "broadcast" and s["broadcast"]["bytes"] > 0 for s in syncs), syncs
+    assert not any((run / "checkpoints").glob("step-*/")), list((run / "checkpoints").iterdir())
+    assert sorted(p.name for p in (run / "ds_checkpoints").glob("step-*")) == ["step-000004", "step-000006"]
     assert not (run / "endpoint.json").exists()           # the serving job ended with the training
     ready = sorted(p.name for p in (run / "checkpoints").glob("*.ready"))
     assert ready == ["step-000005.ready", "step-000006.ready"]   # keep_published: 2 (exports/ keeps its own copy)

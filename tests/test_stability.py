@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import duckdb
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
+
+from helpers import checkpoint_weights
 
 from tbhpc.errors import UserError
 from tbhpc.rollout.buffer import Episode
@@ -112,8 +113,8 @@ GUARDED = ["generator=local", "steps=6", "group_size=4", "groups_per_step=1", "m
            "overlong_filter=true", "overlong_buffer=32"]
 
 
-def _weights(path: Path) -> dict:
-    return load_file(str(path / "model.safetensors"))
+def _weights(export: Path) -> dict:
+    return checkpoint_weights(export)
 
 
 def _same(a: dict, b: dict) -> bool:

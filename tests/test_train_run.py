@@ -19,6 +19,8 @@ import duckdb
 import numpy as np
 import pytest
 
+from helpers import checkpoint_weights
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["generator=local", "steps=2", "group_size=4", "groups_per_step=2", "max_draws=8", "max_tokens=48",
@@ -34,8 +36,7 @@ def _train(run: Path, *overrides: str, timeout=900) -> subprocess.CompletedProce
 
 
 def _weights(export: Path) -> dict:
-    from safetensors.numpy import load_file
-    return load_file(str(export / "model.safetensors"))
+    return checkpoint_weights(export)
 
 
 @pytest.fixture(scope="module")

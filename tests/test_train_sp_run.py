@@ -12,7 +12,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from helpers import MACHINE_NOTES, run_ranks
+from helpers import MACHINE_NOTES, checkpoint_weights, run_ranks
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -31,8 +31,7 @@ def _train(run: Path, world: int, pool: Path, *extra: str) -> None:
 
 
 def _weights(export: Path) -> dict:
-    from safetensors.numpy import load_file
-    return load_file(str(export / "model.safetensors"))
+    return checkpoint_weights(export)
 
 
 def test_a_sequence_parallel_run_reaches_the_plain_runs_weights(tmp_path):

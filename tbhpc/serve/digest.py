@@ -23,20 +23,35 @@ from typing import Any
 TIED_HEAD = "lm_head.weight"
 
 
-def state_digest(state: dict[str, Any], dtype: str, tied_embeddings: bool = False) -> dict:
+def state_digest(state: dict[str, Any], dtype: str, tied_embeddings: bool = False, threads: int = 1) -> dict:
     """{"dtype", "tensors": {name: hex} in the state dict's order, "total", "digest_s"} of the
     floating-point tensors of a state dict, each cast to `dtype`. With tied embeddings the head is
-    listed under its own name too (the server reads it through the head's kernel)."""
-    from tbhpc.serve.vllm_ext.tbhpc_digest import hexd, tensor_digest, total_digest   # torch: loaded when used
+    listed under its own name too (the server reads it through the head's kernel). `threads`:
+    tensors digested concurrently (torch releases the GIL: a publisher's cores all work)."""
     t0 = time.perf_counter()
-    tensors = {name: hexd(tensor_digest(t, dtype)) for name, t in state.items()
-               if getattr(t, "is_floating_point", lambda: False)()}
+    return digest_table(digest_each(state, dtype, threads), dtype, tied_embeddings, time.perf_counter() - t0)
+
+
+def digest_each(state: dict[str, Any], dtype: str, threads: int = 1) -> dict[str, str]:
+    """{name: hex digest in `dtype`} of the floating-point tensors, in the state dict's order."""
+    from tbhpc.serve.vllm_ext.tbhpc_digest import hexd, tensor_digest   # torch: loaded when used
+    names = [n for n, t in state.items() if getattr(t, "is_floating_point", lambda: False)()]
+    if threads <= 1 or len(names) < 2:
+        return {n: hexd(tensor_digest(state[n], dtype)) for n in names}
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(threads) as pool:
+        return dict(zip(names, pool.map(lambda n: hexd(tensor_digest(state[n], dtype)), names)))
+
+
+def digest_table(tensors: dict[str, str], dtype: str, tied_embeddings: bool = False, seconds: float = 0.0) -> dict:
+    """The published digest of a model from its tensors' digests (see state_digest)."""
+    from tbhpc.serve.vllm_ext.tbhpc_digest import total_digest
+    tensors = dict(tensors)
     if tied_embeddings and TIED_HEAD not in tensors:
         embed = next((n for n in tensors if n.endswith("embed_tokens.weight")), None)
         if embed is not None:
             tensors[TIED_HEAD] = tensors[embed]
-    return {"dtype": dtype, "tensors": tensors, "total": total_digest(tensors),
-            "digest_s": round(time.perf_counter() - t0, 4)}
+    return {"dtype": dtype, "tensors": tensors, "total": total_digest(tensors), "digest_s": round(seconds, 4)}
 
 
 def model_digests(model: Any, dtypes: list[str], state_dict: dict | None = None) -> dict[str, dict]:
@@ -70,7 +85,9 @@ class DigestCheck:
     not_served: int = 0           # published tensors the server holds under no name (e.g. a tied head on F.linear)
     seconds: float = 0.0          # the server's time to digest what it holds
     total: str = ""
-    unsupported: str = ""         # the server cannot digest (tensor parallelism > 1): the probe alone checks
+    unsupported: str = ""         # the server could not digest (no worker extension, a worker silent): a failure
+    replicas: int = 1             # data-parallel replicas checked, each against the whole digest
+    workers: int = 1              # vLLM workers whose partial digests were added up
 
     @property
     def equal(self) -> bool:
@@ -78,16 +95,18 @@ class DigestCheck:
 
     def summary(self) -> str:
         if self.unsupported:
-            return f"digest: not checked ({self.unsupported})"
+            return f"digest: NOT CHECKED ({self.unsupported})"
         if self.mismatch:
             return f"digest: DIFFERS ({self.dtype}): {self.mismatch}"
+        where = f", on {self.replicas} replicas x {self.workers // self.replicas} workers" if self.workers > 1 else ""
         return (f"digest: identical ({self.dtype}, {self.tensors} tensors, {self.kernel_copies} read back from packed "
-                f"kernels, total {self.total}); {self.seconds * 1000:.0f} ms on the server")
+                f"kernels{where}, total {self.total}); {self.seconds * 1000:.0f} ms on the server")
 
     def to_json(self) -> dict:
-        out = {"digest_equal": None if self.unsupported else self.equal, "digest_dtype": self.dtype,
+        out = {"digest_equal": self.equal, "digest_dtype": self.dtype,
                "digest_tensors": self.tensors, "digest_kernel_copies": self.kernel_copies,
-               "digest_s": round(self.seconds, 4), "digest_total": self.total}
+               "digest_s": round(self.seconds, 4), "digest_total": self.total,
+               "digest_replicas": self.replicas, "digest_workers": self.workers}
         if self.mismatch:
             out["digest_mismatch"] = self.mismatch
         if self.unsupported:
@@ -95,14 +114,54 @@ class DigestCheck:
         return out
 
 
-def merge_served(results: list) -> dict:
-    """Per-worker digest reports -> one (one worker per rank; only tensor parallelism 1 is digested)."""
-    reports = [r for r in results if isinstance(r, dict)]
+def merge_served(results: list) -> list[dict] | dict:
+    """Per-worker digest reports -> one report per data-parallel replica, its tensor-parallel (and
+    pipeline) workers' partial sums added (mod 2^64) into whole-tensor digests; or {"unsupported":
+    why} when a worker's report is missing: every replica, every shard, or the check fails."""
+    from tbhpc.serve.vllm_ext.tbhpc_digest import MASK64, hexd
+    reports = [r for r in results if isinstance(r, dict) and "tensors" in r]
     if not reports:
         return {"unsupported": "no digest from the server (no tbhpc worker extension?)"}
-    if len(reports) > 1:
-        return {"unsupported": f"{len(reports)} workers: the digest covers one"}
-    return reports[0]
+    first = reports[0]
+    dp, shards = int(first.get("dp", 1)), int(first.get("tp", 1)) * int(first.get("pp", 1))
+    if "tp_rank" not in first and len(reports) > 1:
+        return {"unsupported": f"{len(reports)} workers reported without their place (an older worker extension)"}
+    by_replica: dict[int, dict[tuple[int, int], dict]] = {}
+    for r in reports:
+        by_replica.setdefault(int(r.get("dp_rank", 0)), {})[(int(r.get("pp_rank", 0)), int(r.get("tp_rank", 0)))] = r
+    missing = [f"replica {d}" + (f" ({shards - len(by_replica.get(d, {}))} of {shards} workers)" if d in by_replica else "")
+               for d in range(dp) if len(by_replica.get(d, {})) != shards]
+    if missing:
+        return {"unsupported": f"no digest from {', '.join(missing)} of {dp} x {shards} workers"}
+    out = []
+    for d in range(dp):
+        tensors: dict[str, dict] = {}
+        workers = by_replica[d].values()
+        for r in workers:
+            for name, entry in r["tensors"].items():
+                acc = tensors.setdefault(name, {"shape": entry.get("shape")})
+                for kind in ("param", "kernel"):
+                    if kind in entry:
+                        acc[kind] = (acc.get(kind, 0) + int(entry[kind], 16)) & MASK64
+        out.append({"dtype": first.get("dtype"), "replica": d, "workers": len(workers),
+                    "digest_s": max(float(r.get("digest_s", 0.0)) for r in workers),
+                    "tensors": {n: {k: (hexd(v) if k != "shape" else v) for k, v in e.items()} for n, e in tensors.items()}})
+    return out
+
+
+def compare_replicas(published: dict, served: list[dict] | dict) -> DigestCheck:
+    """`compare` on every data-parallel replica: the first that differs is the verdict, named."""
+    if isinstance(served, dict):
+        return compare(published, served)
+    check = None
+    for replica in served:
+        check = compare(published, replica)
+        check.replicas, check.workers = len(served), sum(int(r.get("workers", 1)) for r in served)
+        if check.mismatch and len(served) > 1:
+            check.mismatch = f"replica {replica['replica']} of {len(served)}: {check.mismatch}"
+        if not check.equal:
+            return check
+    return check
 
 
 def compare(published: dict, served: dict) -> DigestCheck:

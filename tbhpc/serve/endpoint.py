@@ -28,6 +28,8 @@ class Endpoint:
     job_id: str = ""
     started_at: float = 0.0
     dtype: str = ""         # the dtype the engine computes in: publishers digest their weights in it
+    workers: int = 1        # vLLM workers (tensor x data parallel): a broadcast waits for each of them
+    device: str = ""        # cpu | cuda: the collective a broadcast uses (gloo | NCCL)
 
     @property
     def base_url(self) -> str:

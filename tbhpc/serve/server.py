@@ -150,7 +150,7 @@ class VLLMServer:
     def set_version(self, version: str) -> None:
         http_json(self.base_url + "/update_weight_version", {"new_version": version})
 
-    def rpc(self, method: str, timeout: float = 60, **kwargs: str) -> list:
+    def rpc(self, method: str, timeout: float = 60, **kwargs) -> list:
         """collective_rpc on every worker (dev mode); one result per worker."""
         out = http_json(self.base_url + "/collective_rpc", {"method": method, "kwargs": kwargs}, timeout=timeout)
         return (out or {}).get("results") or []
@@ -180,6 +180,22 @@ class VLLMServer:
         return report
 
 
+    def receive(self, offer, version: str) -> dict:
+        """In-place sync from a trainer's broadcast (serve/broadcast.py): pause, every worker joins the
+        offer's group and loads what arrives (`tbhpc_receive`), drop the prefix cache, set the
+        version, resume."""
+        http_json(f"{self.base_url}/pause?mode={self.cfg.pause_mode}", {}, timeout=600)
+        try:
+            report = merge_reports(self.rpc("tbhpc_receive", timeout=offer.timeout_s + 60, host=offer.host,
+                                            port=offer.port, world=offer.world, meta=offer.meta,
+                                            bucket_bytes=offer.bucket_bytes, timeout_s=offer.timeout_s))
+            http_json(self.base_url + "/reset_prefix_cache", {}, timeout=60)
+            self.set_version(version)
+        finally:
+            http_json(self.base_url + "/resume", {}, timeout=60)
+        return report
+
+
 def merge_reports(results: list) -> dict:
     """Per-worker reports of the vLLM worker extension -> one (paths summed, layer lists joined)."""
     merged: dict = {"paths": {}, "dtype": "", "refreshed": [], "stale": []}
@@ -191,7 +207,7 @@ def merge_reports(results: list) -> dict:
         merged["dtype"] = merged["dtype"] or r.get("dtype", "")
         merged["refreshed"] += r.get("refreshed") or []
         merged["stale"] += r.get("stale") or []
-        for k in ("reload_s", "refresh_s"):
+        for k in ("reload_s", "refresh_s", "join_s", "receive_s", "bytes"):
             if k in r:
                 merged[k] = max(merged.get(k, 0.0), float(r[k]))
     return merged

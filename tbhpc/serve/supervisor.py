@@ -1,7 +1,8 @@
 """`tbhpc serve RUN`: keep one policy server alive for a run and apply weight syncs, each one verified.
 
 The loop: start vLLM on the newest published checkpoint (or the base model), wait for `/health`,
-publish `RUN/endpoint.json`; then poll `RUN/checkpoints/` and, for each newer ready marker:
+publish `RUN/endpoint.json`; then poll `RUN/checkpoints/` and, for each newer ready marker (or a
+trainer's open broadcast offer, received in place: broadcast.py, then checked the same way):
 1. load it in place (`tbhpc_reload`: vLLM's reload + re-packing of CPU kernel copies) or, with
    `sync_mode=restart`, start a fresh server on it; the server says `unverified:step-N` meanwhile;
 2. check it (`verify.check_weights`): the digests of every tensor the server now holds, in the
@@ -26,8 +27,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from tbhpc.errors import EndpointError, UserError
-from tbhpc.serve.checkpoints import (BASE_VERSION, REJECTED, UNVERIFIED, Published, latest_ready, record_sync,
-                                     version_step)
+from tbhpc.serve.broadcast import Offer, latest_offer
+from tbhpc.serve.checkpoints import (BASE_VERSION, REJECTED, UNVERIFIED, Published, latest_ready, published,
+                                     record_sync, version_step)
 from tbhpc.serve.config import ServeConfig
 from tbhpc.serve.endpoint import Endpoint, remove_endpoint, write_endpoint
 from tbhpc.serve.fingerprint import Fingerprint, default_tol, distance, served_logprobs
@@ -73,14 +75,15 @@ class Supervisor:
         return socket.gethostname() if self.cfg.host in ("0.0.0.0", "::") else self.cfg.host
 
     def start(self) -> Endpoint:
-        pub = latest_ready(self.run)
+        pub = latest_ready(self.run, loadable=True)
         model = str(pub.path) if pub else self.cfg.model
         self.current = pub
         self._launch(model, port=0)
         self.endpoint = Endpoint(self.publish_host(), self.server.port, self.cfg.served_model_name, BASE_VERSION,
                                  model_path=str(Path(model).resolve()), pid=self.server.proc.pid,
                                  job_id=_job_id(), started_at=self.server.started_at,
-                                 dtype=self.kernels.get("dtype", ""))
+                                 dtype=self.kernels.get("dtype", ""), device=self.cfg.device,
+                                 workers=self.cfg.tensor_parallel_size * self.cfg.data_parallel_size)
         ready = time.time() - self.server.started_at
         if pub is None:
             self._announce(BASE_VERSION)
@@ -117,10 +120,49 @@ class Supervisor:
         write_endpoint(self.run, self.endpoint)
 
     def sync_if_new(self) -> dict | None:
-        pub = latest_ready(self.run)
-        if pub is None or (self.current is not None and pub.step <= self.current.step):
+        """The newest publication since the one served: an open broadcast offer (joined at once: the
+        trainer is waiting), else a checkpoint on disk. Newer means published later, not a higher
+        step: a trainer resumed from an earlier DeepSpeed checkpoint publishes that step again."""
+        since = self.current.published_at if self.current is not None else float("-inf")
+        if self.cfg.sync_mode == "reload" and (offer := latest_offer(self.run, newer_than=since)) is not None:
+            return self.receive(offer)
+        pub = latest_ready(self.run, loadable=True)
+        if pub is None or pub.published_at <= since:
             return None
         return self.sync(pub)
+
+    def receive(self, offer: Offer, marker_timeout_s: float = 120.0) -> dict:
+        """A broadcast sync: every worker receives and loads the trainer's stream, then the ready
+        marker the trainer writes when the stream ends is checked like any sync. A stream that
+        breaks leaves the server's weights unknown: refused, loudly (the trainer's wait fails)."""
+        t0, provisional = time.time(), UNVERIFIED + offer.version
+        previous = self.current
+        try:
+            report = self.server.receive(offer, provisional)
+        except Exception as exc:    # the trainer vanished mid-stream, a worker failed: nothing to announce
+            pub = Published(offer.step, None, offer.offered_at, transport="broadcast")
+            self.current = pub
+            return self._refuse(pub, SyncRefused(f"the broadcast of {offer.version} failed ({type(exc).__name__}: "
+                                                 f"{exc})"), {"mode": "broadcast", "sync_s": round(time.time() - t0, 4)})
+        received = time.time()
+        pub = _await_marker(self.run, offer, marker_timeout_s, self.stop_event)
+        if pub is None:
+            pub = Published(offer.step, None, offer.offered_at, transport="broadcast")
+            self.current = pub
+            return self._refuse(pub, SyncRefused(f"no ready marker for {offer.version} within {marker_timeout_s:.0f} s "
+                                                 "of its broadcast"), {"mode": "broadcast"})
+        self.current = pub
+        entry = {"attempts": [], "transport": "broadcast",
+                 "broadcast": {"bytes": int(report.get("bytes", 0)), "join_s": report.get("join_s"),
+                               "receive_s": report.get("receive_s"), "workers": offer.world - 1,
+                               "gb_per_s": round(report.get("bytes", 0) / max(report.get("receive_s") or 1e-9, 1e-9) / 1e9, 3)},
+                 "reload": {k: report[k] for k in ("refreshed", "reload_s", "refresh_s") if k in report}}
+        try:
+            check = self.verify(pub, previous)
+        except SyncRefused as exc:      # no files to restart on: refused at once
+            entry.update(mode="broadcast", sync_s=round(time.time() - t0, 4))
+            return self._refuse(pub, exc, entry, previous)
+        return self._accept(pub, previous, check, "broadcast", t0, entry, received_at=received)
 
     def sync(self, pub: Published) -> dict:
         assert self.server is not None and self.endpoint is not None
@@ -163,13 +205,20 @@ class Supervisor:
             except SyncRefused as exc:
                 entry.update(mode=mode, sync_s=round(time.time() - t0, 4))
                 return self._refuse(pub, exc, entry, previous)
+        return self._accept(pub, previous, check, mode, t0, entry)
+
+    def _accept(self, pub: Published, previous: Published | None, check: Verdict | None, mode: str, t0: float,
+                entry: dict, received_at: float | None = None) -> dict:
+        provisional = UNVERIFIED + pub.version
         served = self.server.weight_version()
         if served != provisional:
             raise EndpointError(f"weight sync: server reports {served!r} after loading {pub.version!r}")
         done = time.time()
         entry.update({"version": pub.version, "step": pub.step, "mode": mode, "sync_s": round(done - t0, 4),
                       "lag_s": round(done - pub.published_at, 4), "published_at": pub.published_at,
-                      "served_at": done, "path": str(pub.path), "kernels": self.kernels})
+                      "served_at": done, "path": str(pub.path) if pub.path else None, "kernels": self.kernels})
+        if received_at is not None:
+            entry["check_wait_s"] = round(done - received_at, 4)
         entry.update(check.to_json() if check else {"verified": None})
         entry.update(self._step_delta(pub, previous))
         record_sync(self.run, entry)        # logged before announced: whoever sees step-N finds its line
@@ -188,7 +237,7 @@ class Supervisor:
         tol = self.cfg.verify_tol or max(default_tol(fp.dtype), default_tol(self.kernels.get("dtype")))
         prev = _fingerprint_of(previous)
         verdict = check_weights(self.server.base_url, self.cfg.served_model_name, self.server.weight_version(), want,
-                                fp, tol, prev)
+                                fp, tol, prev, report_dir=self.run / "logs" / ".digests")
         if not verdict.passed:
             raise SyncRefused(verdict.summary(), verdict)
         return verdict
@@ -196,7 +245,7 @@ class Supervisor:
     def _references(self, pub: Published) -> tuple[dict | None, Fingerprint] | None:
         """(the marker's digest in the served dtype, its fingerprint); None when verify is off.
         SyncRefused when the marker lacks either. The digest is None only when the server reports
-        no dtype (started without tbhpc's worker extension): the probe alone can check it then."""
+        no dtype (started without tbhpc's worker extension): the check then fails, saying so."""
         if not self.cfg.verify:
             return None
         fp = _fingerprint_of(pub)
@@ -219,7 +268,7 @@ class Supervisor:
         version = REJECTED + pub.version
         reason = str(refusal)
         entry.update({"version": pub.version, "step": pub.step, "verified": False, "served_as": version,
-                      "error": reason, "published_at": pub.published_at, "path": str(pub.path),
+                      "error": reason, "published_at": pub.published_at, "path": str(pub.path) if pub.path else None,
                       "kernels": self.kernels})
         if refusal.verdict is not None:     # every figure: errors measured, tolerance, digest result
             entry.update({k: v for k, v in refusal.verdict.to_json().items() if k != "verified"})
@@ -259,6 +308,17 @@ class Supervisor:
         if self.server is not None:
             self.server.stop()
             self.log("serve: stopped")
+
+
+def _await_marker(run: Path, offer: Offer, timeout_s: float, stop: threading.Event) -> Published | None:
+    """The ready marker the trainer writes once its broadcast of `offer` ended (None: not in time)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not stop.is_set():
+        pub = published(run, offer.step)
+        if pub is not None and pub.transport == "broadcast" and pub.published_at >= offer.offered_at:
+            return pub
+        time.sleep(0.05)
+    return None
 
 
 def _fingerprint_of(pub: Published | None) -> Fingerprint | None:

@@ -13,13 +13,16 @@ thing really serving?" in one line.
 """
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
 import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
 
 from tbhpc.errors import InfraError, UserError
 from tbhpc.serve.checkpoints import REJECTED, UNVERIFIED, published, version_step
-from tbhpc.serve.digest import DigestCheck, compare, merge_served, model_digests, served_dtypes
+from tbhpc.serve.digest import DigestCheck, compare_replicas, merge_served, model_digests, served_dtypes
 from tbhpc.serve.endpoint import read_endpoint
 from tbhpc.serve.fingerprint import (Check, Fingerprint, check_server, compute_fingerprint, default_tol, distance,
                                      load_checkpoint)
@@ -34,7 +37,7 @@ class Verdict:
 
     @property
     def passed(self) -> bool:
-        identity = self.digest is None or self.digest.equal or bool(self.digest.unsupported)
+        identity = self.digest is None or self.digest.equal      # a digest that could not be taken is no pass
         return identity and (self.probe is None or self.probe.passed)
 
     def summary(self) -> str:
@@ -56,23 +59,35 @@ class Verdict:
         return out
 
 
-def served_digest(base_url: str) -> dict:
-    """The server's digests of what it holds (tbhpc's worker extension), or {"unsupported": why}."""
+def served_digest(base_url: str, report_dir: Path | str | None = None) -> list[dict] | dict:
+    """The server's digests of what it holds (tbhpc's worker extension), one per data-parallel
+    replica, or {"unsupported": why}. Every worker also writes its report into `report_dir` (a
+    fresh directory the server can write): vLLM's RPC answers with the first replica's workers only."""
+    own = report_dir is None
+    report_dir = Path(tempfile.mkdtemp(prefix="tbhpc-digest-")) if own else Path(report_dir)
+    if not own:                           # the last check's reports are not this one's
+        shutil.rmtree(report_dir, ignore_errors=True)
+    report_dir.mkdir(parents=True, exist_ok=True)
     try:
-        results = (http_json(base_url + "/collective_rpc", {"method": "tbhpc_digest"}, timeout=1800) or {}).get("results")
+        body = {"method": "tbhpc_digest", "kwargs": {"report_dir": str(report_dir)}}
+        results = (http_json(base_url + "/collective_rpc", body, timeout=1800) or {}).get("results") or []
+        files = [json.loads(f.read_text()) for f in sorted(report_dir.glob("dp*-pp*-tp*.json"))]
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return {"unsupported": f"the server cannot digest its weights ({getattr(exc, 'reason', exc)})"}
-    return merge_served(results or [])
+    finally:
+        if own:
+            shutil.rmtree(report_dir, ignore_errors=True)
+    return merge_served(files if len(files) >= len(results) else results)
 
 
-NO_DTYPE = "the server reports no dtype (started without tbhpc's worker extension): the probe alone checks it"
+NO_DTYPE = "the server reports no dtype (started without tbhpc's worker extension), so its weights cannot be digested"
 
 
 def check_weights(base_url: str, model: str, version: str, want: dict | None, fp: Fingerprint | None, tol: float,
-                  previous: Fingerprint | None = None) -> Verdict:
+                  previous: Fingerprint | None = None, report_dir: Path | None = None) -> Verdict:
     """Identity (`want`: the published digest in the served dtype; None when the server reports no
     dtype, so it cannot digest either), then the probe."""
-    digest = compare(want, served_digest(base_url)) if want is not None else DigestCheck("", unsupported=NO_DTYPE)
+    digest = compare_replicas(want, served_digest(base_url, report_dir)) if want is not None else DigestCheck("", unsupported=NO_DTYPE)
     probe = check_server(base_url, model, fp, version, tol) if fp is not None else None
     prev = None
     if probe is not None and previous is not None and previous.tokens == fp.tokens:

@@ -113,6 +113,12 @@ class TrainConfig:
     export_eval: str = ""                 # an eval campaign config run on every export (RUN/evals/step-N), off if empty
     export_eval_overrides: list[str] = field(default_factory=list)   # key=value for it, e.g. [limit=50, repeats=4]
     sync_timeout_s: float = 900.0         # wait this long for the server to announce new weights
+    # how a step's weights reach the server (generator=server): files every rank writes in parallel, or a
+    # broadcast into the running server's workers (gloo on CPUs, NCCL on GPUs) that falls back to files
+    # when the server does not join within sync_join_timeout_s (serve/broadcast.py)
+    sync_transport: str = "files"
+    sync_join_timeout_s: float = 300.0
+    sync_bucket_mb: int = 256             # tensors per broadcast call, in MB of their bytes
     # how long a rank waits for its peers (train/watch.py): for one that finishes no work (a generation
     # request, an episode, a micro-batch) while the others wait after their rollouts, and in a collective
     # (the process group's timeout); a peer whose heartbeat stops ends the run within min(this, 120 s).
@@ -165,12 +171,18 @@ class TrainConfig:
         for name, ok, want in (("lr", lambda v: v > 0, "> 0"), ("temperature", lambda v: v > 0, "> 0"),
                                ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"), ("grad_clip", lambda v: v > 0, "> 0"),
                                ("weight_decay", lambda v: v >= 0, ">= 0"), ("sync_timeout_s", lambda v: v > 0, "> 0"),
+                               ("sync_join_timeout_s", lambda v: v > 0, "> 0"), ("sync_bucket_mb", lambda v: v >= 1, ">= 1"),
                                ("max_seconds", lambda v: v >= 0, ">= 0 (0: no budget)"),
                                ("request_floor_tokens_per_s", lambda v: v > 0, "> 0"),
                                ("collective_timeout_s", lambda v: v >= 0, ">= 0 (0: from request_timeout_s)")):
             v = getattr(self, name)
             if not (_finite(v) and ok(v)):
                 raise UserError(f"train config: field {name!r} must be a finite number {want}, got {v!r}")
+        if self.sync_transport not in ("files", "broadcast"):
+            raise UserError(f"train config: field 'sync_transport' must be files or broadcast, got {self.sync_transport!r}")
+        if self.sync_transport == "broadcast" and self.generator != "server":
+            raise UserError("train config: field 'sync_transport' is broadcast, which needs generator=server (an "
+                            f"in-process generator ({self.generator}) loads the published files)")
         if self.top_k < -1:
             raise UserError(f"train config: field 'top_k' must be >= 1, or 0 / -1 (off), got {self.top_k!r}")
         for name in ("max_draws", "max_reruns", "max_context", "export_every", "keep_checkpoints", "keep_published"):

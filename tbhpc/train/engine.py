@@ -343,6 +343,45 @@ class Engine:
             return sd if self.env.rank == 0 else None
         return {k: v.detach().cpu() for k, v in self.module.state_dict().items()} if self.env.rank == 0 else None
 
+    def param_meta(self) -> list[dict]:
+        """Name, full shape and dtype of every parameter (tied ones once), in `full_params` order."""
+        out = []
+        for name, p in self._named_params():
+            shape = list(getattr(p, "ds_shape", None) or p.shape)
+            out.append({"name": name, "shape": [int(d) for d in shape], "dtype": str(p.dtype).removeprefix("torch.")})
+        return out
+
+    def _named_params(self):
+        seen: set[int] = set()
+        for name, p in self.module.named_parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield name, p
+
+    def full_params(self, keep=lambda i: self.env.rank == 0):
+        """(index, name, full tensor) of every parameter, in `param_meta` order, to the ranks where
+        `keep(index)` holds (None elsewhere). Under ZeRO-3 parameters are gathered a module at a time
+        (collective: every rank iterates to the end), so no rank ever holds the whole model; a kept
+        tensor is a copy (the gathered buffer is released when its module's turn ends)."""
+        index = {id(p): i for i, (_, p) in enumerate(self._named_params())}
+        names = {id(p): n for n, p in self._named_params()}
+        done: set[int] = set()
+        for module in self.module.modules():
+            params = [p for p in module.parameters(recurse=False) if id(p) in index and id(p) not in done]
+            if not params:
+                continue
+            done.update(id(p) for p in params)
+            if self.cfg.zero_stage == 3:
+                import deepspeed
+                with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+                    for p in params:
+                        i = index[id(p)]
+                        yield i, names[id(p)], (p.data.detach().clone() if keep(i) else None)
+            else:
+                for p in params:
+                    i = index[id(p)]
+                    yield i, names[id(p)], (p.data.detach() if keep(i) else None)
+
     def save(self, ckpt_dir: str, tag: str, client_state: dict) -> None:
         self.engine.save_checkpoint(ckpt_dir, tag=tag, client_state=client_state)
 

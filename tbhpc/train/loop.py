@@ -5,8 +5,9 @@
       rollouts    ranks claim draws from the shared queue until B mixed groups exist in draw order
       record      attempt rows (shard -> results.duckdb), the episodes token-exact (buffers/step-s.h5)
       update      group-centred advantages, packed micro-batches, PPO-clip token mean, one AdamW step
-      checkpoint  DeepSpeed state (resume) -- before publishing, so a published step is always resumable
-      publish     gathered weights -> checkpoints/step-s + fingerprint marker; the server syncs and verifies
+      checkpoint  DeepSpeed state every checkpoint_every steps (resume from an older one discards, and
+                  publishes again, what was published since)
+      publish     weights -> the server (broadcast) or checkpoints/step-s (every rank writes), a verified sync
       log         train_steps row + console line (+ TensorBoard)
 
 On USR2/SIGTERM (Slurm's warning before a time limit or preemption) every rank stops at the next
@@ -28,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tbhpc.errors import TbhpcError, UserError
-from tbhpc.serve.checkpoints import BASE_VERSION, mark_ready, published, version_name, write_checkpoint
+from tbhpc.serve.checkpoints import BASE_VERSION, published, version_name
 from tbhpc.train.config import TrainConfig
 from tbhpc.train.draw import load_pool
 from tbhpc.train.engine import DistEnv, Engine
@@ -73,9 +74,6 @@ def trainable_tokens(cfg: TrainConfig) -> int:
 class Trainer:
     def __init__(self, cfg: TrainConfig, run_path: Path, env: DistEnv | None = None, log=print):
         cfg.validate()
-        if cfg.generator == "server" and cfg.checkpoint_every != 1:
-            raise UserError("train config: generator=server needs checkpoint_every=1 (the server only moves forward: "
-                            "a resume must start from the step it serves)")
         self.cfg, self.env, self.log = cfg, env or DistEnv.from_environ(), log
         self.rank0 = self.env.rank == 0
         self.stop = threading.Event()
@@ -110,6 +108,8 @@ class Trainer:
         self.out_of_time = False                 # max_seconds reached: the run ends after this step
         self.tb = _tensorboard(self.run_path) if cfg.tensorboard and self.rank0 else None
         self.margin_warned = False
+        self.last_publication: dict = {}
+        self.exact_version: int | None = None     # after a rewind: the first rollouts wait for this version only
 
     # ---- generation side -------------------------------------------------------------------
     def _policy(self):
@@ -126,8 +126,11 @@ class Trainer:
         t0, want = time.monotonic(), version_of(version)
         if self.cfg.generator == "server":
             from tbhpc.serve.endpoint import wait_for_version
-            wait_for_version(self.run_path, want, timeout_s=self.cfg.sync_timeout_s, or_newer=self.cfg.max_staleness > 0,
-                             stop=self.stop)
+            exact, self.exact_version = self.exact_version, None
+            if exact is not None:
+                want = version_of(exact)
+            wait_for_version(self.run_path, want, timeout_s=self.cfg.sync_timeout_s,
+                             or_newer=self.cfg.max_staleness > 0 and exact is None, stop=self.stop)
         else:
             import torch
             from transformers import AutoModelForCausalLM
@@ -191,8 +194,12 @@ class Trainer:
             if self.rank0:
                 self.log(f"train: this run spent its time budget ({self.cfg.max_seconds:g} s) at step {start - 1}")
             return start - 1
-        if start > 1 and published(self.run_path, start - 1) is None:
-            self._publish(start - 1)          # saved but never published (stopped in between)
+        rewound = self._rewind_publications(start - 1) if self.rank0 and client else False
+        rewound = self.eng.all_reduce([float(rewound)], "max")[0] > 0
+        if start > 1 and (rewound or published(self.run_path, start - 1) is None):
+            self._publish(start - 1)          # saved but never published (stopped in between), or published since
+            if rewound:                       # the server may still serve a discarded step: wait for this one
+                self.exact_version = start - 1
         ahead = Ahead.started(self._rollouts, start) if self.cfg.max_staleness and start <= self.cfg.steps else None
         t_free = time.monotonic()
         try:
@@ -405,25 +412,49 @@ class Trainer:
                     shutil.rmtree(old, ignore_errors=True)
 
     def _publish(self, step: int) -> None:
-        """Gathered weights -> checkpoints/step-N + its digests and fingerprint (collective: every
-        rank calls it; the digests are of the gathered tensors, exactly what is written)."""
-        from tbhpc.serve.digest import model_digests, served_dtypes
+        """This step's weights to the server (train/publish.py: a broadcast, else files every rank
+        writes), with digests of exactly what was sent or written and the fingerprint; an export
+        when one is due. Collective: every rank calls it."""
         from tbhpc.serve.fingerprint import compute_fingerprint
-        sd = self.eng.consolidated_state_dict()
+        from tbhpc.train.publish import publish_broadcast, publish_files
+        cfg = self.cfg
         fp = compute_fingerprint(self.eng.module, self.eng.tokenizer)
+        how = None
+        if cfg.sync_transport == "broadcast":
+            how = publish_broadcast(self.eng, self.run_path, step, fp, cfg.sync_join_timeout_s, cfg.sync_bucket_mb << 20,
+                                    self.eng.gpu)
+        if how is None:
+            how = publish_files(self.eng, self.run_path, step, fp)
+        self.last_publication = how
+        due = (cfg.export_every and step % cfg.export_every == 0) or step == cfg.steps or self.stopped or self.out_of_time
+        if due:
+            dest = self.run_path / "exports" / version_name(step)
+            if how["transport"] == "files":
+                if self.rank0:
+                    shutil.rmtree(dest, ignore_errors=True)
+                    shutil.copytree(published(self.run_path, step).path, dest)
+            else:
+                from tbhpc.train.publish import write_shards
+                write_shards(self.eng, dest, [], False)
+            if self.rank0 and cfg.export_eval:
+                self.log(start_export_eval(cfg, self.run_path, step, dest))
         if self.rank0:
-            digests = model_digests(self.eng.module, served_dtypes(self.run_path, fp.dtype), state_dict=sd)
-            path = write_checkpoint(self.run_path, step, self.eng.module, self.eng.tokenizer, state_dict=sd)
-            mark_ready(self.run_path, step, path, fp, digests)
             self._prune_published(step)
-            if ((self.cfg.export_every and step % self.cfg.export_every == 0) or step == self.cfg.steps or self.stopped
-                    or self.out_of_time):
-                dest = self.run_path / "exports" / version_name(step)
-                shutil.rmtree(dest, ignore_errors=True)
-                shutil.copytree(path, dest)
-                if self.cfg.export_eval:
-                    self.log(start_export_eval(self.cfg, self.run_path, step, dest))
         self.eng.barrier()
+
+    def _rewind_publications(self, resumed: int) -> bool:
+        """A run resumed from the DeepSpeed checkpoint of step `resumed` discards what it published
+        after it (the server may serve one of those: its next sync goes back to `resumed`, by time of
+        publication). True when there was anything to discard. Rank 0 only."""
+        from tbhpc.serve.broadcast import OFFER
+        ckpts, found = self.run_path / "checkpoints", False
+        for marker in sorted(ckpts.glob("step-*.ready")) + sorted(ckpts.glob(f"step-*{OFFER}")):
+            step = int(marker.name[5:11])
+            if step > resumed:
+                marker.unlink(missing_ok=True)
+                shutil.rmtree(ckpts / version_name(step), ignore_errors=True)
+                found = True
+        return found
 
     def _prune_published(self, step: int) -> None:
         """Published weights older than the newest `keep_published` go (marker first, so nobody

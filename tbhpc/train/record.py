@@ -36,7 +36,8 @@ EXECUTION_FIELDS = ("steps", "max_seconds", "episodes_in_flight", "microbatch_to
                     "keep_checkpoints", "keep_published", "export_every", "export_eval", "export_eval_overrides",
                     "sync_timeout_s", "tensorboard", "nodes", "gpus_per_node", "serve_config", "serve", "slurm",
                     "logprob_chunk", "sp_size", "tiled_mlp", "checkpoint_offload", "offload_optimizer", "offload_params",
-                    "gpu_memory_gb", "host_memory_gb", "env", "collective_timeout_s", "request_floor_tokens_per_s")
+                    "gpu_memory_gb", "host_memory_gb", "env", "collective_timeout_s", "request_floor_tokens_per_s",
+                    "sync_transport", "sync_join_timeout_s", "sync_bucket_mb")
 
 STEP_COLUMNS: dict[str, str] = {
     "run": "VARCHAR", "step": "INTEGER", "policy_version": "VARCHAR", "world": "INTEGER",

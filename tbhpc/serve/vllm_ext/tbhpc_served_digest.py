@@ -11,13 +11,17 @@ and frees the parameter. So each tensor is digested where it really lives:
   dtype round-trip are exact), then cut the same way. This is the compute path the AMX bug broke
   (a stale packed lm_head over a new embedding): the digest reads what the kernel multiplies by,
   not what the parameter says.
-Tensor parallelism > 1 is not covered yet (each rank holds row or column shards whose global
-positions this module does not derive): the report says so and the functional probe remains.
+With tensor parallelism each worker holds row or column shards (and replicated norms, key/value
+heads copied to several ranks when they are fewer than the ranks): each worker digests its pieces
+at their positions in the checkpoint tensor, replicated pieces on their first holder only, and the
+supervisor adds the workers' sums into the tensor's digest (the definition is a sum over elements,
+tbhpc_digest.py), so a shard that is missing, doubled or stale changes the total.
 Runs in the vLLM environment: torch and vLLM objects only.
 """
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -27,22 +31,73 @@ PACKED_PATHS = {"onednn", "sgl", "zentorch"}      # kernel paths that keep their
 IDENTITY_BLOCK = 1 << 20                           # output elements per identity block (memory bound)
 
 
-def _row_shards(module_name: str, module, rows: int, packed: dict) -> list[tuple[str, int, int]]:
-    """(checkpoint module name, first local row, row count) for each checkpoint tensor whose rows
-    this module's weight (dim 0) holds."""
+@dataclass(frozen=True)
+class Piece:
+    """Rows [row0, row0 + rows) of a worker's tensor hold the checkpoint tensor `name`'s rows from
+    `grow0` (columns from `gcol0` of `gcols`, None: all of them); `counted`: this worker is the one
+    whose copy enters the sum (replicated pieces count once, on their first holder)."""
+    name: str
+    row0: int
+    rows: int
+    grow0: int = 0
+    gcol0: int = 0
+    gcols: int | None = None
+    counted: bool = True
+
+
+def _tp(module) -> tuple[int, int]:
+    return int(getattr(module, "tp_rank", 0) or 0), int(getattr(module, "tp_size", 1) or 1)
+
+
+def _pieces(module_name: str, module, rows: int, packed: dict, tp_rank: int, ndim: int = 2) -> list[Piece]:
+    """Where each row block of this worker's copy of `module`'s weight sits in the checkpoint: the
+    fused sub-tensors (q/k/v, gate/up), each at its tensor-parallel offset; key/value heads that
+    several ranks replicate counted on the first of them; vocabulary rows past the real vocab
+    (padding) left out; the columns a row-parallel layer holds; everything else replicated."""
     head, _, last = module_name.rpartition(".")
     subs = packed.get(last)
-    sizes = getattr(module, "output_partition_sizes", None)
-    if subs and sizes and len(sizes) == len(subs) and sum(sizes) == rows:
+    sizes = [int(s) for s in getattr(module, "output_partition_sizes", None) or []]
+    rank, size = _tp(module)
+    kind = type(module).__mro__
+    names = {c.__name__ for c in kind}
+    if "VocabParallelEmbedding" in names and getattr(module, "shard_indices", None) is not None:
+        shard = module.shard_indices
+        return [Piece(module_name, 0, int(shard.org_vocab_end_index - shard.org_vocab_start_index),
+                      int(shard.org_vocab_start_index))]
+    if "RowParallelLinear" in names and ndim < 2:          # its bias: whole on every rank
+        return [Piece(module_name, 0, rows, counted=tp_rank == 0)]
+    if "RowParallelLinear" in names:
+        k = int(module.input_size_per_partition)
+        return [Piece(module_name, 0, rows, 0, rank * k, k * size)]
+    if subs and len(subs) == len(sizes) and sum(sizes) == rows:          # fused: q/k/v, gate/up
+        replicas = int(getattr(module, "num_kv_head_replicas", 1) or 1) if "QKVParallelLinear" in names else 1
         out, start = [], 0
-        for sub, size in zip(subs, sizes):
-            out.append((f"{head}.{sub}" if head else sub, start, int(size)))
-            start += int(size)
+        for i, (sub, n) in enumerate(zip(subs, sizes)):
+            kv = replicas > 1 and i > 0                  # q, then k and v (replicated when kv heads < tp)
+            owner = rank // replicas if kv else rank
+            out.append(Piece(f"{head}.{sub}" if head else sub, start, n, owner * n,
+                             counted=not kv or rank % replicas == 0))
+            start += n
         return out
-    shard = getattr(module, "shard_indices", None)
-    if shard is not None:                              # vocabulary rows past the real vocab are padding
-        return [(module_name, 0, int(shard.org_vocab_end_index - shard.org_vocab_start_index))]
-    return [(module_name, 0, rows)]
+    if "ColumnParallelLinear" in names:
+        return [Piece(module_name, 0, rows, rank * rows)]
+    return [Piece(module_name, 0, rows, counted=tp_rank == 0)]
+    if "RowParallelLinear" in names:
+        k = int(module.input_size_per_partition)
+        return [Piece(module_name, 0, rows, 0, rank * k, k * size)]
+    if "ColumnParallelLinear" in names and sizes and sum(sizes) == rows:
+        replicas = int(getattr(module, "num_kv_head_replicas", 1) or 1) if "QKVParallelLinear" in names else 1
+        sub_names = [f"{head}.{s}" if head else s for s in subs] if subs and len(subs) == len(sizes) else None
+        if sub_names is None:
+            return [Piece(module_name, 0, rows, rank * rows)]
+        out, start = [], 0
+        for i, (name, n) in enumerate(zip(sub_names, sizes)):
+            kv = replicas > 1 and i > 0                  # q, then k and v (replicated when kv heads < tp)
+            owner = rank // replicas if kv else rank
+            out.append(Piece(name, start, n, owner * n, counted=not kv or rank % replicas == 0))
+            start += n
+        return out
+    return [Piece(module_name, 0, rows, counted=tp_rank == 0)]
 
 
 def _add(table: dict, name: str, kind: str, value: int, shape) -> None:
@@ -74,13 +129,24 @@ def read_kernel_weight(module, dtype: torch.dtype):
         yield k0, out.t()
 
 
-def served_digests(model, dtype: torch.dtype, kernel_path, shards: int = 1) -> dict:
-    """{checkpoint tensor name: {"shape", "param"?, "kernel"?}} (digests as hex) for one worker
-    holding the whole model (`shards`: tensor x pipeline parallel size)."""
+def _piece_digest(x: torch.Tensor, piece: Piece, col0: int = 0, width: int | None = None) -> int:
+    """The digest contribution of one piece of a worker's tensor (`col0`, `width`: the first local
+    column `x` holds and the local width, for kernel copies read back a block of columns at a time)."""
+    if x.ndim == 0:
+        return block_digest(x)
+    part = x[piece.row0:piece.row0 + piece.rows]
+    if part.ndim == 1:                                      # a bias or norm: rows of one column
+        return block_digest(part.reshape(-1, 1), piece.grow0, 0, 1)
+    cols = piece.gcols if piece.gcols is not None else (width or part[0].numel())
+    return block_digest(part, piece.grow0, piece.gcol0 + col0, cols)
+
+
+def served_digests(model, dtype: torch.dtype, kernel_path, tp_rank: int = 0) -> dict:
+    """{"tensors": {checkpoint tensor name: {"shape", "param"?, "kernel"?}}, ...}: this worker's
+    contributions (hex) to each checkpoint tensor's digest, at the tensor's global positions. A
+    worker holding the whole model reports whole digests; tensor-parallel workers report partial
+    sums that add up (mod 2^64) to them (`merge_served` on the supervisor's side)."""
     t0 = time.perf_counter()
-    if shards != 1:
-        return {"unsupported": f"the model is split over {shards} workers (tensor/pipeline parallel): "
-                               "the digest covers one"}
     packed = dict(getattr(model, "packed_modules_mapping", None) or {})
     table: dict = {}
     seen: set[int] = set()
@@ -91,15 +157,16 @@ def served_digests(model, dtype: torch.dtype, kernel_path, shards: int = 1) -> d
                 continue
             seen.add(id(p))
             x = p.detach().to(dtype)
-            for base, r0, nrows in _row_shards(mname, module, x.shape[0] if x.ndim else 1, packed):
-                part = x[r0:r0 + nrows] if x.ndim else x
-                _add(table, f"{base}.{pname}", "param", block_digest(part), part.shape)
+            rows = x.shape[0] if x.ndim else 1
+            for piece in _pieces(mname, module, rows, packed, tp_rank, x.ndim):
+                if piece.counted:
+                    _add(table, f"{piece.name}.{pname}", "param", _piece_digest(x, piece), (piece.rows, *x.shape[1:]))
         if kernel_path(module) in PACKED_PATHS and (shape := _kernel_blocks(module)):
             n, k = shape
-            shards = _row_shards(mname, module, n, packed)
+            pieces = [pc for pc in _pieces(mname, module, n, packed, tp_rank, 2) if pc.counted]
             for k0, w in read_kernel_weight(module, dtype):
-                for base, r0, nrows in shards:
-                    _add(table, f"{base}.weight", "kernel", block_digest(w[r0:r0 + nrows], 0, k0, k), (nrows, k))
+                for piece in pieces:
+                    _add(table, f"{piece.name}.weight", "kernel", _piece_digest(w, piece, k0, k), (piece.rows, k))
             n_kernel += 1
     tensors = {name: {kk: (hexd(v) if kk != "shape" else v) for kk, v in e.items()} for name, e in table.items()}
     return {"dtype": str(dtype).removeprefix("torch."), "tensors": tensors, "kernel_layers": n_kernel,

@@ -18,6 +18,8 @@ whose closure is stale and whose weight vLLM already freed cannot be refreshed h
 reload says so (the supervisor then restarts the server, which is exact by construction).
 On GPU no layer has `cpu_linear`; the extension only reloads and reports "gpu".
 
+`tbhpc_receive` = the same reload from tensors the trainer broadcasts (tbhpc_wire.py) instead of files.
+
 `tbhpc_digest` = exact digests of every weight as this worker computes with it (parameters and
 packed kernel copies, named like the checkpoint's tensors: `tbhpc_served_digest.py`), which the
 supervisor compares with the digests the publisher wrote into the ready marker.
@@ -83,14 +85,67 @@ class WeightSync:
         dtype = str(self.vllm_config.model_config.dtype).removeprefix("torch.")
         return {"paths": dict(paths), "dtype": dtype}
 
-    def tbhpc_digest(self) -> dict:
-        """Digests of the weights this worker computes with (see tbhpc_served_digest)."""
-        from tbhpc_served_digest import served_digests
+    def tbhpc_place(self) -> dict:
+        """Where this worker sits: data-parallel replica, pipeline stage, tensor-parallel rank (of sizes)."""
+        from vllm.distributed import get_pp_group, get_tensor_model_parallel_rank
         parallel = self.vllm_config.parallel_config
-        shards = int(parallel.tensor_parallel_size) * int(getattr(parallel, "pipeline_parallel_size", 1))
-        return served_digests(self.model_runner.get_model(), self.vllm_config.model_config.dtype, kernel_path, shards)
+        return {"dp_rank": int(getattr(parallel, "data_parallel_rank", 0) or 0), "dp": int(parallel.data_parallel_size),
+                "pp_rank": int(get_pp_group().rank_in_group), "pp": int(parallel.pipeline_parallel_size),
+                "tp_rank": int(get_tensor_model_parallel_rank()), "tp": int(parallel.tensor_parallel_size)}
+
+    def tbhpc_digest(self, report_dir: str = "") -> dict:
+        """This worker's digests of the weights it computes with (see tbhpc_served_digest), with its
+        place. Also written to `report_dir` (one file per worker): with data parallelism vLLM's RPC
+        returns the first replica's answers only, and every replica must be checked."""
+        from tbhpc_served_digest import served_digests
+        place = self.tbhpc_place()
+        report = {**served_digests(self.model_runner.get_model(), self.vllm_config.model_config.dtype, kernel_path,
+                                   place["tp_rank"]), **place}
+        if report_dir:
+            _write_json(os.path.join(report_dir, f"dp{place['dp_rank']}-pp{place['pp_rank']}-tp{place['tp_rank']}.json"),
+                        report)
+        return report
 
     def tbhpc_reload(self, weights_path: str) -> dict:
+        """vLLM's in-place reload from a checkpoint directory, then the kernel copies it left stale."""
+        return self._reload(lambda: self.reload_weights(weights_path=weights_path, is_checkpoint_format=True))
+
+    def tbhpc_receive(self, host: str, port: int, world: int, meta: list, bucket_bytes: int,
+                      timeout_s: float = 600.0) -> dict:
+        """Join the trainer's broadcast (tbhpc_wire) and load the tensors as the buckets arrive, then
+        refresh kernel copies exactly as a file reload does. Every worker of every replica receives
+        every full tensor (vLLM's loaders cut their shards); its group rank follows its place."""
+        from tbhpc_wire import Group, receive
+        place = self.tbhpc_place()
+        rank = 1 + (place["dp_rank"] * place["pp"] + place["pp_rank"]) * place["tp"] + place["tp_rank"]
+        device = str(getattr(self, "device", "cpu") or "cpu")
+        t0 = time.perf_counter()
+        group = Group(host, int(port), rank, int(world), device, timeout_s).join()
+        joined = time.perf_counter()
+        received = {"bytes": 0}
+
+        def stream():
+            for name, t in receive(group, meta, int(bucket_bytes)):
+                received["bytes"] += t.numel() * t.element_size()
+                yield name, t
+
+        try:
+            if _fault() == "skip_reload":          # take the bytes (the sender must finish), load nothing
+                for _ in stream():
+                    pass
+                report = {**self.tbhpc_kernel_paths(), "refreshed": [], "stale": [], "reload_s": 0.0,
+                          "refresh_s": 0.0, "test_fault": "skip_reload"}
+            else:
+                report = self._reload(lambda: self.reload_weights(weights_iterator=stream(), is_checkpoint_format=True))
+        finally:
+            group.close()
+        report.update({"join_s": round(joined - t0, 4), "receive_s": round(time.perf_counter() - joined, 4),
+                       "bytes": received["bytes"], "rank": rank})
+        return report
+
+    def _reload(self, load) -> dict:
+        """Run `load` (vLLM's layerwise reload from files or from a tensor stream), then re-dispatch
+        every layer whose kernel closure survived it (its packed copy holds the old weights)."""
         from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
         t0 = time.perf_counter()
@@ -100,7 +155,7 @@ class WeightSync:
             return {**self.tbhpc_kernel_paths(), "refreshed": [], "stale": [], "reload_s": 0.0, "refresh_s": 0.0,
                     "test_fault": fault}
         before = {name: getattr(m, "cpu_linear", None) for name, m in model.named_modules()}
-        self.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
+        load()
         t1 = time.perf_counter()
         refreshed, stale = [], []
         for name, m in ([] if fault == "no_repack" else model.named_modules()):
@@ -125,11 +180,19 @@ class WeightSync:
         return report
 
 
+def _write_json(path: str, data: dict) -> None:
+    import json
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
 def _flip_one(model, tensor: str, dtype) -> None:
     """Test-only: move one element of checkpoint tensor `tensor` by one ulp in the served copy."""
     import torch
     from tbhpc_digest import _BITS
-    from tbhpc_served_digest import _row_shards, read_kernel_weight
+    from tbhpc_served_digest import _pieces, read_kernel_weight
     from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
     mod_name, _, pname = tensor.rpartition(".")
@@ -140,7 +203,7 @@ def _flip_one(model, tensor: str, dtype) -> None:
     module = model.get_submodule(holder)
     param = getattr(module, pname)
     rows = sum(getattr(module, "output_partition_sizes", None) or [param.shape[0] if param.ndim else 1])
-    row0 = next(r0 for base, r0, _ in _row_shards(holder, module, rows, packed) if base == mod_name)
+    row0 = next(pc.row0 for pc in _pieces(holder, module, rows, packed, 0) if pc.name == mod_name)
     ints, _, exponent, _ = _BITS[dtype]
     if param.numel():                           # the parameter is what the layer reads
         flat = param.data[row0:].view(ints).reshape(-1)

@@ -1,0 +1,122 @@
+"""Publishing a step's weights for the server: a broadcast into it, or files written by every rank.
+
+Why two transports behind one call (`publish`): a broadcast (serve/broadcast.py) moves the weights
+in seconds but needs the server up and waiting; files work whatever state the server is in and are
+what a (re)started server and an export load. So a run configured for `sync_transport: broadcast`
+offers a broadcast and falls back to files when nobody joins in time.
+
+Why every rank writes: gathering a 27B model to rank 0 and writing it from one process (one
+digest thread, one stream to the file system) takes minutes. Here parameters are gathered a module
+at a time, each rank keeps every world-th tensor, digests its share on all its threads, writes it
+as its own safetensors shard, and rank 0 writes the index, config and tokenizer. Both transports end
+in the same ready marker (serve/checkpoints.py), carrying digests of exactly what was sent or written.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from tbhpc.serve.checkpoints import CKPT_DIR, mark_ready, version_name
+from tbhpc.serve.digest import digest_each, digest_table, served_dtypes
+from tbhpc.serve.fingerprint import Fingerprint
+
+
+def digest_threads() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def write_shards(eng, dest: Path, dtypes: list[str], tied: bool) -> tuple[dict[str, dict], dict]:
+    """Every rank writes its share of the weights under `dest` (a directory on the shared file system,
+    written whole or not at all); returns (rank 0: {dtype: digest}, timings). Collective."""
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+    rank, world = eng.env.rank, eng.env.world
+    tmp = dest.with_name(f".tmp-{dest.name}")
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    eng.barrier()
+    t0 = time.monotonic()
+    mine = {name: t.cpu() for i, name, t in eng.full_params(keep=lambda i: i % world == rank) if t is not None}
+    t1 = time.monotonic()
+    digests = {dt: digest_each(mine, dt, digest_threads()) for dt in dtypes}
+    t2 = time.monotonic()
+    shard = "model.safetensors" if world == 1 else f"model-{rank + 1:05d}-of-{world:05d}.safetensors"
+    if mine:
+        save_file({n: t.contiguous() for n, t in mine.items()}, str(tmp / shard), metadata={"format": "pt"})
+    t3 = time.monotonic()
+    local = {"shard": shard, "names": list(mine), "bytes": sum(t.numel() * t.element_size() for t in mine.values()),
+             "digests": digests}
+    parts = [local]
+    if world > 1:
+        parts = [None] * world
+        dist.all_gather_object(parts, local)
+    out: dict[str, dict] = {}
+    if rank == 0:
+        order = [m["name"] for m in eng.param_meta()]
+        weight_map = {n: p["shard"] for p in parts for n in p["names"]}
+        if world > 1:                     # one rank: HF's single-file layout, no index
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(
+                {"metadata": {"total_size": sum(p["bytes"] for p in parts)},
+                 "weight_map": {n: weight_map[n] for n in order if n in weight_map}}, indent=1))
+        eng.module.config.save_pretrained(tmp)
+        if getattr(eng.module, "generation_config", None) is not None:
+            eng.module.generation_config.save_pretrained(tmp)
+        if eng.tokenizer is not None:
+            eng.tokenizer.save_pretrained(tmp)
+        for dt in dtypes:
+            every = {n: h for p in parts for n, h in p["digests"][dt].items()}
+            out[dt] = digest_table({n: every[n] for n in order if n in every}, dt, tied, t2 - t1)
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    eng.barrier()
+    return out, {"gather_s": round(t1 - t0, 4), "digest_s": round(t2 - t1, 4), "write_s": round(t3 - t2, 4),
+                 "bytes": sum(p["bytes"] for p in parts), "ranks": world}
+
+
+def publish_files(eng, run_path: Path, step: int, fp: Fingerprint) -> dict:
+    """checkpoints/step-N written by every rank, then its ready marker (rank 0). Collective."""
+    dest = run_path / CKPT_DIR / version_name(step)
+    tied = bool(getattr(eng.module.config, "tie_word_embeddings", False))
+    digests, timings = write_shards(eng, dest, served_dtypes(run_path, fp.dtype), tied)
+    if eng.env.rank == 0:
+        mark_ready(run_path, step, dest, fp, digests)
+    return {"transport": "files", **timings}
+
+
+def publish_broadcast(eng, run_path: Path, step: int, fp: Fingerprint, join_timeout_s: float, bucket_bytes: int,
+                      gpu: bool) -> dict | None:
+    """Offer the weights to the run's server and stream them in (None on every rank when nobody
+    joined in time: the caller publishes files). Collective."""
+    from tbhpc.serve.broadcast import Sender, digesting, sender_device
+    from tbhpc.serve.endpoint import endpoint_path, read_endpoint
+    sender, t0 = None, time.monotonic()
+    if eng.env.rank == 0 and endpoint_path(run_path).exists():
+        ep = read_endpoint(run_path)
+        dtype = ep.dtype or served_dtypes(None, fp.dtype)[0]
+        device = sender_device(gpu)
+        if (ep.device or "cpu") == ("cuda" if gpu else "cpu"):      # NCCL needs GPUs on both sides, gloo CPUs
+            sender = Sender(run_path, step, eng.param_meta(), max(1, ep.workers), device, join_timeout_s + 600,
+                            bucket_bytes)
+            if not sender.wait_joined(join_timeout_s):
+                sender = None
+    joined = eng.all_reduce([1.0 if sender is not None else 0.0], "max")[0] > 0
+    if not joined:
+        return None
+    t1 = time.monotonic()
+    stream = eng.full_params()
+    if sender is None:
+        for _ in stream:                  # the other ranks' share of each gather
+            pass
+        return {"transport": "broadcast"}
+    tensors: dict[str, str] = {}
+    sent = sender.send(digesting(((n, t) for _, n, t in stream), dtype, tensors))
+    t2 = time.monotonic()
+    tied = bool(getattr(eng.module.config, "tie_word_embeddings", False))
+    mark_ready(run_path, step, None, fp, {dtype: digest_table(tensors, dtype, tied)}, transport="broadcast")
+    return {"transport": "broadcast", "join_s": round(sender.join_s, 4), "stream_s": round(t2 - t1, 4),
+            "bytes": sent, "offer_s": round(t1 - t0, 4), "gb_per_s": round(sent / max(t2 - t1, 1e-9) / 1e9, 3)}
