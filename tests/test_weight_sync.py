@@ -153,7 +153,7 @@ def _supervisor(tmp_path, monkeypatch, stale_reload=False, corrupt=(), probe_err
         servers.append(s.server)
         s.kernels = {"paths": {"onednn": 10}, "dtype": dtype}
 
-    def served_digest(base_url, report_dir=None):
+    def served_digest(base_url, report_dir=None, replicas=0):
         held = s.server.loaded + ("#damaged" if s.server.loaded in corrupt else "")
         return {"dtype": dtype, "digest_s": 0.01, "tensors": {"w": {"shape": [2], "kernel": _digest(held)}}}
 
@@ -288,7 +288,7 @@ def test_a_server_that_cannot_digest_everything_it_holds_is_refused(tmp_path, mo
     _publish(tmp_path, 1)
     assert s.sync_if_new()["verified"] is True
     monkeypatch.setattr(verify_mod, "served_digest",
-                        lambda url, report_dir=None: {"unsupported": "no digest from replica 1 of 2 x 4 workers"})
+                        lambda url, report_dir=None, replicas=0: {"unsupported": "no digest from replica 1 of 2 x 4 workers"})
     _publish(tmp_path, 2)
     entry = s.sync_if_new()
     assert entry["verified"] is False and entry["digest_equal"] is False and entry["probe_mean_err"] == 0.0

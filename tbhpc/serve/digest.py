@@ -123,7 +123,8 @@ def merge_served(results: list) -> list[dict] | dict:
     if not reports:
         return {"unsupported": "no digest from the server (no tbhpc worker extension?)"}
     first = reports[0]
-    dp, shards = int(first.get("dp", 1)), int(first.get("tp", 1)) * int(first.get("pp", 1))
+    dp = max([int(first.get("dp", 1))] + [int(r.get("dp_rank", 0)) + 1 for r in reports])
+    shards = int(first.get("tp", 1)) * int(first.get("pp", 1))
     if "tp_rank" not in first and len(reports) > 1:
         return {"unsupported": f"{len(reports)} workers reported without their place (an older worker extension)"}
     by_replica: dict[int, dict[tuple[int, int], dict]] = {}

@@ -237,7 +237,8 @@ class Supervisor:
         tol = self.cfg.verify_tol or max(default_tol(fp.dtype), default_tol(self.kernels.get("dtype")))
         prev = _fingerprint_of(previous)
         verdict = check_weights(self.server.base_url, self.cfg.served_model_name, self.server.weight_version(), want,
-                                fp, tol, prev, report_dir=self.run / "logs" / ".digests")
+                                fp, tol, prev, report_dir=self.run / "logs" / ".digests",
+                                replicas=self.cfg.data_parallel_size)
         if not verdict.passed:
             raise SyncRefused(verdict.summary(), verdict)
         return verdict

@@ -59,17 +59,18 @@ class Verdict:
         return out
 
 
-def served_digest(base_url: str, report_dir: Path | str | None = None) -> list[dict] | dict:
+def served_digest(base_url: str, report_dir: Path | str | None = None, replicas: int = 0) -> list[dict] | dict:
     """The server's digests of what it holds (tbhpc's worker extension), one per data-parallel
     replica, or {"unsupported": why}. Every worker also writes its report into `report_dir` (a
-    fresh directory the server can write): vLLM's RPC answers with the first replica's workers only."""
+    fresh directory the server can write): vLLM's RPC answers with the first replica's workers only.
+    `replicas`: how many data-parallel replicas the server runs (0: as many as report)."""
     own = report_dir is None
     report_dir = Path(tempfile.mkdtemp(prefix="tbhpc-digest-")) if own else Path(report_dir)
     if not own:                           # the last check's reports are not this one's
         shutil.rmtree(report_dir, ignore_errors=True)
     report_dir.mkdir(parents=True, exist_ok=True)
     try:
-        body = {"method": "tbhpc_digest", "kwargs": {"report_dir": str(report_dir)}}
+        body = {"method": "tbhpc_digest", "kwargs": {"report_dir": str(report_dir), "replicas": replicas}}
         results = (http_json(base_url + "/collective_rpc", body, timeout=1800) or {}).get("results") or []
         files = [json.loads(f.read_text()) for f in sorted(report_dir.glob("dp*-pp*-tp*.json"))]
     except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -84,10 +85,10 @@ NO_DTYPE = "the server reports no dtype (started without tbhpc's worker extensio
 
 
 def check_weights(base_url: str, model: str, version: str, want: dict | None, fp: Fingerprint | None, tol: float,
-                  previous: Fingerprint | None = None, report_dir: Path | None = None) -> Verdict:
+                  previous: Fingerprint | None = None, report_dir: Path | None = None, replicas: int = 0) -> Verdict:
     """Identity (`want`: the published digest in the served dtype; None when the server reports no
     dtype, so it cannot digest either), then the probe."""
-    digest = compare_replicas(want, served_digest(base_url, report_dir)) if want is not None else DigestCheck("", unsupported=NO_DTYPE)
+    digest = compare_replicas(want, served_digest(base_url, report_dir, replicas)) if want is not None else DigestCheck("", unsupported=NO_DTYPE)
     probe = check_server(base_url, model, fp, version, tol) if fp is not None else None
     prev = None
     if probe is not None and previous is not None and previous.tokens == fp.tokens:

@@ -358,11 +358,14 @@ class Engine:
                 seen.add(id(p))
                 yield name, p
 
-    def full_params(self, keep=lambda i: self.env.rank == 0):
+    def full_params(self, keep=None):
         """(index, name, full tensor) of every parameter, in `param_meta` order, to the ranks where
         `keep(index)` holds (None elsewhere). Under ZeRO-3 parameters are gathered a module at a time
         (collective: every rank iterates to the end), so no rank ever holds the whole model; a kept
-        tensor is a copy (the gathered buffer is released when its module's turn ends)."""
+        tensor is a copy (the gathered buffer is released when its module's turn ends). Default: rank 0."""
+        if keep is None:
+            rank0 = self.env.rank == 0
+            keep = lambda i: rank0     # noqa: E731
         index = {id(p): i for i, (_, p) in enumerate(self._named_params())}
         names = {id(p): n for n, p in self._named_params()}
         done: set[int] = set()

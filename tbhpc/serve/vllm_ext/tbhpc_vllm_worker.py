@@ -85,20 +85,24 @@ class WeightSync:
         dtype = str(self.vllm_config.model_config.dtype).removeprefix("torch.")
         return {"paths": dict(paths), "dtype": dtype}
 
-    def tbhpc_place(self) -> dict:
-        """Where this worker sits: data-parallel replica, pipeline stage, tensor-parallel rank (of sizes)."""
+    def tbhpc_place(self, replicas: int = 0) -> dict:
+        """Where this worker sits: data-parallel replica, pipeline stage, tensor-parallel rank (of sizes).
+        vLLM runs the replicas of a dense model as independent engines (each configured as data
+        parallel 1); `data_parallel_index` keeps the replica's number, the caller knows how many."""
         from vllm.distributed import get_pp_group, get_tensor_model_parallel_rank
         parallel = self.vllm_config.parallel_config
-        return {"dp_rank": int(getattr(parallel, "data_parallel_rank", 0) or 0), "dp": int(parallel.data_parallel_size),
+        index = getattr(parallel, "data_parallel_index", None)
+        dp_rank = int(index if index is not None else getattr(parallel, "data_parallel_rank", 0) or 0)
+        return {"dp_rank": dp_rank, "dp": int(replicas or parallel.data_parallel_size),
                 "pp_rank": int(get_pp_group().rank_in_group), "pp": int(parallel.pipeline_parallel_size),
                 "tp_rank": int(get_tensor_model_parallel_rank()), "tp": int(parallel.tensor_parallel_size)}
 
-    def tbhpc_digest(self, report_dir: str = "") -> dict:
+    def tbhpc_digest(self, report_dir: str = "", replicas: int = 0) -> dict:
         """This worker's digests of the weights it computes with (see tbhpc_served_digest), with its
         place. Also written to `report_dir` (one file per worker): with data parallelism vLLM's RPC
         returns the first replica's answers only, and every replica must be checked."""
         from tbhpc_served_digest import served_digests
-        place = self.tbhpc_place()
+        place = self.tbhpc_place(int(replicas))
         report = {**served_digests(self.model_runner.get_model(), self.vllm_config.model_config.dtype, kernel_path,
                                    place["tp_rank"]), **place}
         if report_dir:
