@@ -52,6 +52,79 @@ for extra in ({"tokens": 32768}, {"tokens": 32768, "tiled_mlp": True}, {"tokens"
 PY
   exit 0
 fi
+# `bash bench/gpu_check.sh nccl`: the collective parts alone on one GPU (torch only: no vLLM, no DeepSpeed),
+# each with its own timeout, ~2 minutes in all (predicted). Records what docs/weight-sync.md and
+# docs/cluster-run.md predict: NCCL initialises with the config's timeout, a peer that never comes ends
+# the wait within it, torch's fused AdamW runs without a compiler, and tbhpc's weight broadcast reaches a
+# second process (NCCL refuses two ranks on one GPU, so that part says which backend it could use).
+if [ "${1:-}" = nccl ]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  timeout 60 "$PY" - <<'PY' || echo "part 1 (init) failed or timed out ($?)"
+import datetime, os, time, torch, torch.distributed as dist
+from tbhpc.train.config import TrainConfig
+cfg = TrainConfig(model="m", pool="p", gpus_per_node=1)
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29611")
+t0 = time.perf_counter()
+dist.init_process_group("nccl", rank=0, world_size=1, timeout=datetime.timedelta(seconds=cfg.collective_timeout))
+x = torch.ones(1 << 20, device="cuda"); dist.all_reduce(x); torch.cuda.synchronize()
+print(f"1. NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}: init + all_reduce {time.perf_counter() - t0:.2f} s, "
+      f"timeout {cfg.collective_timeout:.0f} s (collective_timeout_s default)", flush=True)
+dist.destroy_process_group()
+PY
+  timeout 90 "$PY" - <<'PY' || echo "part 2 (timeout path) failed or timed out ($?)"
+import datetime, time, torch.distributed as dist
+t0 = time.perf_counter()
+try:      # a peer that never joins: the wait ends within the timeout, with an error, not a hang
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29612", rank=0, world_size=2,
+                            timeout=datetime.timedelta(seconds=15))
+    print("2. timeout path: UNEXPECTED: a group of 2 formed with one member")
+except Exception as exc:
+    print(f"2. timeout path: the missing peer ended the wait after {time.perf_counter() - t0:.1f} s "
+          f"(timeout 15 s): {type(exc).__name__}: {str(exc).splitlines()[0][:120]}", flush=True)
+PY
+  timeout 60 "$PY" - <<'PY' || echo "part 3 (fused AdamW) failed or timed out ($?)"
+import time, torch
+p = torch.nn.Parameter(torch.randn(64 << 20, device="cuda"))      # 256 MB of fp32 master weights
+opt = torch.optim.AdamW([p], lr=1e-6, fused=True)
+p.grad = torch.randn_like(p); opt.step(); torch.cuda.synchronize()
+t0 = time.perf_counter()
+for _ in range(10):
+    opt.step()
+torch.cuda.synchronize()
+s = (time.perf_counter() - t0) / 10
+print(f"3. fused AdamW (torch, no nvcc): {p.numel() / 1e6:.0f}M parameters in {s * 1e3:.1f} ms a step; "
+      f"a rank's 1.67B of the reference (16 ranks): ~{1.67e9 / p.numel() * s:.2f} s", flush=True)
+PY
+  timeout 240 "$PY" - <<'PY' || echo "part 4 (weight broadcast) failed or timed out ($?)"
+import multiprocessing as mp, time, torch
+from tbhpc.serve.vllm_ext import tbhpc_wire as wire
+def receive(port, device, meta, q):
+    g = wire.Group("127.0.0.1", port, 1, 2, device, 120).join()
+    n = sum(t.numel() * t.element_size() for _, t in wire.receive(g, meta))
+    g.close(); q.put(n)
+def run(device):
+    state = {f"w{i}": torch.randn(64 << 20, device="cuda", dtype=torch.bfloat16) for i in range(16)}   # 2.1 GB
+    meta = [wire.meta_of(n, t) for n, t in state.items()]
+    g = wire.listen("127.0.0.1", 2, device, 120)
+    ctx = mp.get_context("spawn"); q = ctx.Queue()
+    p = ctx.Process(target=receive, args=(g.port, device, meta, q)); p.start()
+    assert g.wait_joined(60)
+    torch.cuda.synchronize(); t0 = time.perf_counter()
+    sent = wire.send(g, meta, state.values()); g.close(); torch.cuda.synchronize()
+    s = time.perf_counter() - t0
+    assert q.get(timeout=120) == sent; p.join(30)
+    return sent, s
+for device in ("cuda", "cpu"):
+    try:
+        sent, s = run(device)
+        print(f"4. weight broadcast to a second process over {'NCCL' if device == 'cuda' else 'gloo (GPU tensors via host)'}: "
+              f"{sent / 1e9:.2f} GB in {s:.2f} s = {sent / s / 1e9:.2f} GB/s", flush=True)
+        break
+    except Exception as exc:
+        print(f"4. over {'NCCL' if device == 'cuda' else 'gloo'}: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}", flush=True)
+PY
+  exit 0
+fi
 export TBHPC_VLLM_PYTHON=${TBHPC_VLLM_PYTHON:-$PWD/.venv-vllm/bin/python}
 OUT=${OUT:-$(mktemp -d)}
 RUN=$OUT/gpu-serve

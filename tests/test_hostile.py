@@ -277,8 +277,8 @@ CASES = [
     # the memory plan (issue 47)
     ("plan-no-config", ["plan", "nope.yaml"], 2, ["nope.yaml"]),
     ("plan-unknown-field", ["plan", "ref.yaml", "model=m27", "sp_sise=4"], 2, ["sp_sise"]),
-    ("plan-sp-heads", ["plan", "ref.yaml", "model=m27", "sp_size=3"], 2, ["'sp_size'", "40 attention heads"]),
-    ("plan-sp-ranks", ["plan", "ref.yaml", "model=m27", "sp_size=16"], 2, ["'sp_size'", "24 ranks"]),
+    ("plan-sp-heads", ["plan", "ref.yaml", "model=m27", "sp_size=16"], 2, ["'sp_size'", "40 attention heads"]),
+    ("plan-sp-ranks", ["plan", "ref.yaml", "model=m27", "sp_size=32"], 2, ["'sp_size'", "16 ranks"]),
     ("plan-no-model", ["plan", "ref.yaml", "model=folder"], 2, ["'model'", "config.json"]),
     ("plan-moe", ["plan", "ref.yaml", "model=moe"], 2, ["num_experts", "dense"]),
     ("plan-negative-gpu", ["plan", "ref.yaml", "model=m27", "gpu_memory_gb=-1"], 2, ["'gpu_memory_gb'"]),

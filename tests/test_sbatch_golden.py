@@ -64,6 +64,9 @@ def test_the_reference_training_run():
                        "python: /opt/tbhpc/.venv/bin/python}"])
     scripts = render_train_pipeline("/scratch/runs/grpo-27b", cfg, "/home/ada/tbhpc")
     check("train_reference.txt", "".join(f"# ==> {name} <==\n{text}" for name, text in scripts.items()))
-    assert "# rollouts: 24 ranks x 6 episodes in flight = 144 (episodes_in_flight 144) against 2 vLLM replicas" \
-        in scripts["train.sbatch"]        # one step's 18 x 8 episodes, not 24 ranks x a per-rank figure
+    assert "# rollouts: 16 ranks x 9 episodes in flight = 144 (episodes_in_flight 144) against 2 vLLM replicas" \
+        in scripts["train.sbatch"]        # one step's 18 x 8 episodes, not 16 ranks x a per-rank figure
+    # the published layout: 24 GPUs on 3 nodes, 2 training nodes of 8 and one serving node of 8
+    assert "#SBATCH --nodes=2" in scripts["train.sbatch"] and "#SBATCH --ntasks-per-node=8" in scripts["train.sbatch"]
+    assert "#SBATCH --nodes=1" in scripts["serve.sbatch"] and "#SBATCH --gres=gpu:8" in scripts["serve.sbatch"]
     assert "times out after 1,698 s (max_tokens 8,192 at 5 tokens/s + 60 s)" in scripts["train.sbatch"]

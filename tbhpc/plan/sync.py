@@ -21,7 +21,7 @@ class SyncRates:
     broadcast: float = 8.25         # NCCL broadcast trainer -> vLLM over InfiniBand (verl's measured 30B sync)
     load: float = 50.0              # vLLM copying received tensors into its parameters, on the GPU (assumed)
     device_to_host: float = 20.0    # a rank's share gathered to host memory over PCIe (assumed)
-    cpu_digest: float = 0.5         # the digest per CPU thread (bench/weight_sync.py measures this machine's)
+    cpu_digest: float = 0.22        # the digest per CPU thread (measured here: bench/sync_transport.py, AVX-512 Xeon)
     fs_write: float = 2.0           # one node writing to a parallel file system (assumed; Lustre/GPFS client)
     fs_read: float = 2.0            # one node reading it back
     threads: int = 16               # digest threads per rank on a GPU node
@@ -37,7 +37,7 @@ class SyncPlan:
         return sum(s for _, s in self.phases)
 
 
-def predict(model_bytes: float, trainer_nodes: int, ranks: int, serving_nodes: int = 1,
+def predict(model_bytes: float, trainer_nodes: int, ranks: int,
             rates: SyncRates = SyncRates()) -> tuple[SyncPlan, SyncPlan]:
     """(broadcast, files) for `model_bytes` of served weights. Broadcast: gathered a module at a
     time, digested on rank 0's GPU, one NCCL stream to every vLLM worker, loaded in place. Files:

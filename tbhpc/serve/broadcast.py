@@ -120,10 +120,26 @@ class Sender:
             withdraw(self.run, self.step)
 
 
-def digesting(named: Iterator[tuple[str, object]], dtype: str, into: dict) -> Iterator[object]:
-    """Pass the tensors on, digesting each in `dtype` on the way (what the server must then hold)."""
+def digesting(named: Iterator[tuple[str, object]], dtype: str, into: dict, ahead_bytes: int = 1 << 30) -> Iterator[object]:
+    """Pass the tensors on, digesting each in `dtype` (what the server must then hold) in a thread
+    beside the stream, so the digest costs no stream time while it keeps pace; at most `ahead_bytes`
+    wait for it (they stay alive until digested). `into` is complete, in stream order, at the end."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
     from tbhpc.serve.vllm_ext.tbhpc_digest import hexd, tensor_digest
-    for name, t in named:
-        if t.is_floating_point():
-            into[name] = hexd(tensor_digest(t, dtype))
-        yield t
+    pending: deque = deque()
+    waiting = 0
+    with ThreadPoolExecutor(1, thread_name_prefix="tbhpc-digest") as pool:
+        for name, t in named:
+            if t.is_floating_point():
+                size = t.numel() * t.element_size()
+                pending.append((name, size, pool.submit(lambda t=t: hexd(tensor_digest(t, dtype)))))
+                waiting += size
+                while waiting > ahead_bytes:
+                    done, size, fut = pending.popleft()
+                    into[done] = fut.result()
+                    waiting -= size
+            yield t
+        for done, _, fut in pending:
+            into[done] = fut.result()

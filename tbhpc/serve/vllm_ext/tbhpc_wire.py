@@ -132,6 +132,8 @@ def send(group: Group, meta: list[dict], tensors: Iterable[torch.Tensor], bucket
         buf = parts[0] if len(parts) == 1 else torch.cat(parts)
         group.broadcast(buf)
         sent += buf.numel()
+    for _ in it:              # runs the producer to its end (a digesting wrapper finishes there)
+        raise ValueError(f"weight broadcast: more tensors than the {len(meta)} announced")
     return sent
 
 
