@@ -135,7 +135,8 @@ def test_a_resumed_run_with_other_hyperparameters_is_refused(uninterrupted, warm
 def test_preempted_slurm_run_requeues_and_reaches_the_same_weights(uninterrupted, warm_dir, pool, tmp_path):
     """3 ranks under Slurm, USR2 once step 1's rollouts are recorded (what Slurm sends before a time
     limit): the ranks stop after step 1 or during step 2's rollouts, rank 0 requeues the job, the
-    restart resumes from the DeepSpeed checkpoint and redraws step 2 identically. Same kept groups,
+    restart resumes from the DeepSpeed checkpoint and redraws step 2 identically. checkpoint_every 2:
+    step 1 is saved because the signal came, not because of the schedule. Same kept groups,
     same rewards, the same weights up to summation order."""
     if not os.environ.get("SLURM_CONF") or not shutil.which("sbatch"):
         if os.environ.get("TBHPC_REQUIRE_SLURM"):
@@ -144,7 +145,8 @@ def test_preempted_slurm_run_requeues_and_reaches_the_same_weights(uninterrupted
     ref, _ = uninterrupted
     run = tmp_path / "run"
     sub = subprocess.run([sys.executable, "-m", "tbhpc.cli", "submit", "train", "--out", str(run), f"model={warm_dir}",
-                          pool, *SMALL, "nodes=3", "slurm={cpus_per_task: 1, mem: null, time: '00:30:00'}"],
+                          pool, *SMALL, "nodes=3", "checkpoint_every=2",
+                          "slurm={cpus_per_task: 1, mem: null, time: '00:30:00'}"],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert sub.returncode == 0, sub.stderr
     job = json.loads(json.dumps(__import__("yaml").safe_load((run / "slurm" / "train-jobs.yaml").read_text())))["train"]

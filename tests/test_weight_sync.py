@@ -338,3 +338,19 @@ def test_a_trainer_resumed_from_an_older_checkpoint_takes_the_server_back_to_it(
     entry = s.sync_if_new()
     assert entry["version"] == "step-000001" and entry["verified"] is True
     assert read_endpoint(tmp_path).version == "step-000001" and s.sync_if_new() is None
+
+
+def test_a_wait_for_a_broadcast_version_fails_at_once_when_the_server_restarted_without_it(tmp_path):
+    """A broadcast leaves no files: a server (re)started after it serves an older version for good, so
+    the trainer's wait says so now instead of after sync_timeout_s."""
+    fp = Fingerprint([1, 2, 3], [-1.0, -2.0], "float32")
+    pub = mark_ready(tmp_path, 3, None, fp, {"float32": {"dtype": "float32", "tensors": {}, "total": ""}},
+                     transport="broadcast")
+    write_endpoint(tmp_path, Endpoint("127.0.0.1", 1, "policy", "step-000002", started_at=pub.published_at - 5))
+    with pytest.raises(EndpointError, match="did not announce step-000003 within 0 s"):     # not restarted: waits
+        wait_for_version(tmp_path, "step-000003", timeout_s=0.3, poll_s=0.05)
+    write_endpoint(tmp_path, Endpoint("127.0.0.1", 1, "policy", "step-000002", started_at=pub.published_at + 5))
+    t0 = time.monotonic()
+    with pytest.raises(EndpointError, match="restarted after step-000003 was broadcast into it and serves step-000002"):
+        wait_for_version(tmp_path, "step-000003", timeout_s=60, poll_s=0.05)
+    assert time.monotonic() - t0 < 5

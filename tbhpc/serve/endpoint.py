@@ -99,6 +99,20 @@ def wait_for_version(run_dir: Path | str, version: str, timeout_s: float = 600.0
             last = next((s for s in reversed(read_syncs(Path(endpoint_path(run_dir)).parent))
                          if s.get("version") == version), {})
             raise EndpointError(f"the server refused weights {version}: {last.get('error', 'fingerprint mismatch')}")
+        if _restarted_without(run_dir, ep, version):
+            raise EndpointError(f"the server restarted after {version} was broadcast into it and serves {ep.version}; "
+                                "resume the run (it publishes its weights again)")
         if time.monotonic() >= deadline:
             raise EndpointError(f"the server did not announce {version} within {timeout_s:.0f} s (it says {ep.version})")
         time.sleep(poll_s)
+
+
+def _restarted_without(run_dir: Path | str, ep: Endpoint, version: str) -> bool:
+    """True when `version` was broadcast into a server that has restarted since: it started from the
+    newest checkpoint with files and will never hold it."""
+    from tbhpc.serve.checkpoints import published, trusted_version, version_step
+    if not trusted_version(version) or version_step(version) == 0:
+        return False
+    pub = published(Path(endpoint_path(run_dir)).parent, version_step(version))
+    return (pub is not None and pub.transport == "broadcast" and ep.started_at > pub.published_at
+            and not ep.version.endswith(version))

@@ -109,6 +109,7 @@ class Trainer:
         self.tb = _tensorboard(self.run_path) if cfg.tensorboard and self.rank0 else None
         self.margin_warned = False
         self.last_publication: dict = {}
+        self.checkpointed, self.checkpoint_s = 0, 0.0   # the last step saved, and what its save took
         self.exact_version: int | None = None     # after a rewind: the first rollouts wait for this version only
 
     # ---- generation side -------------------------------------------------------------------
@@ -182,6 +183,7 @@ class Trainer:
         self._install_signals()
         client = self.eng.load(str(self.run_path / "ds_checkpoints"))
         start = int(client["step"]) + 1 if client else 1
+        self.checkpointed = start - 1
         if client:
             self._restore_stability(client)
             if self.rank0:
@@ -196,8 +198,11 @@ class Trainer:
             return start - 1
         rewound = self._rewind_publications(start - 1) if self.rank0 and client else False
         rewound = self.eng.all_reduce([float(rewound)], "max")[0] > 0
-        if start > 1 and (rewound or published(self.run_path, start - 1) is None):
-            self._publish(start - 1)          # saved but never published (stopped in between), or published since
+        last = published(self.run_path, start - 1) if start > 1 else None
+        if start > 1 and (rewound or last is None or last.transport == "broadcast"):
+            # saved but never published (stopped in between), published since, or broadcast into a server
+            # that may have restarted since (it starts from files): publish it again
+            self._publish(start - 1)
             if rewound:                       # the server may still serve a discarded step: wait for this one
                 self.exact_version = start - 1
         ahead = Ahead.started(self._rollouts, start) if self.cfg.max_staleness and start <= self.cfg.steps else None
@@ -210,6 +215,8 @@ class Trainer:
                 wait_s = time.monotonic() - t_wait
                 self.watch.meet(f"rollouts-{step}", f"the rollouts of step {step}")   # bounded: no collective yet
                 if self._agree_to_stop():     # also the barrier after which every rank's outcomes are in
+                    if step > 1 and self.checkpointed != step - 1:   # checkpoint_every > 1: save what step-1 left
+                        self._checkpoint(step - 1)
                     raise Preempted(f"stopped during the rollouts of step {step}; it is redrawn on resume")
                 ahead = Ahead.started(self._rollouts, step + 1) if self.cfg.max_staleness and step < self.cfg.steps else None
                 with collectives(self.watch, f"the update and publication of step {step}", self.cfg.collective_timeout):
@@ -218,6 +225,8 @@ class Trainer:
                 if self.stopped or self.out_of_time:
                     return step
                 if self._agree_to_stop():
+                    if self.checkpointed != step:     # checkpoint_every > 1: a signal's step is saved all the same
+                        self._checkpoint(step)
                     nxt = f"; the rollouts of step {step + 1} are redrawn on resume" if ahead else ""
                     raise Preempted(f"stopped after step {step} (checkpointed){nxt}")
         finally:
@@ -273,10 +282,13 @@ class Trainer:
         t0 = time.monotonic()
         if step % cfg.checkpoint_every == 0 or step == cfg.steps or self.out_of_time:
             self._checkpoint(step)
+            self.checkpoint_s = time.monotonic() - t0
+        t1 = time.monotonic()
         self._publish(step)
         publish_s = time.monotonic() - t0
-        if self.rank0 and not self.margin_warned and os.environ.get("SLURM_JOB_ID"):
-            warning = preemption_margin(cfg.slurm.signal_seconds, update_s, publish_s)
+        if self.rank0 and not self.margin_warned and os.environ.get("SLURM_JOB_ID") and self.checkpoint_s:
+            # a signal's step is checkpointed whatever checkpoint_every says: update + checkpoint + publication
+            warning = preemption_margin(cfg.slurm.signal_seconds, update_s, self.checkpoint_s + time.monotonic() - t1)
             if warning:
                 self.log(f"train: warning: {warning}")
                 self.margin_warned = True
@@ -401,6 +413,7 @@ class Trainer:
         write_step(self.run_path / "buffers", step, eps, policy_version=step - 1, suffix=suffix)
 
     def _checkpoint(self, step: int) -> None:
+        self.checkpointed = step
         d = self.run_path / "ds_checkpoints"
         self.eng.save(str(d), version_name(step), {"step": step, "seed": self.cfg.seed, "guard": self.guard.state(),
                                                    "lr_scale": self.lr_scale, "stopped": self.stopped,
