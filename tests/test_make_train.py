@@ -44,6 +44,11 @@ def test_make_train_runs_on_policy_grpo_with_every_step_sampled_by_the_previous_
     from tbhpc.serve.checkpoints import read_syncs
     syncs = [s for s in read_syncs(run) if s.get("version", "").startswith("step-")]
     assert {s["version"] for s in syncs if s.get("verified")} >= {"step-000001", "step-000002"}, syncs
+    # files (the default transport): each of the 3 ranks wrote its shard; every publication's phases logged
+    import json
+    pubs = [json.loads(line) for line in (run / "logs" / "publish.jsonl").read_text().splitlines()]
+    assert [(p["step"], p["transport"], p["ranks"]) for p in pubs] == [(n, "files", 3) for n in (1, 2, 3)], pubs
+    assert all(p["bytes"] > 0 and p["write_s"] >= 0 and p["digest_s"] >= 0 for p in pubs), pubs
 
 
 def test_make_train_runs_one_step_off_policy_grpo_on_the_cluster_with_the_server_alongside(tmp_path):
@@ -82,6 +87,10 @@ def test_make_train_runs_one_step_off_policy_grpo_on_the_cluster_with_the_server
     # sync_transport: broadcast: every step streamed into the server over gloo, no checkpoint directory
     # written for it; checkpoint_every: 2 leaves DeepSpeed state for steps 4 and 6 only (keep 2)
     assert all(s["transport"] == "broadcast" and s["broadcast"]["bytes"] > 0 for s in syncs), syncs
+    import json
+    pubs = [json.loads(line) for line in (run / "logs" / "publish.jsonl").read_text().splitlines()]
+    assert [(p["step"], p["transport"]) for p in pubs] == [(n, "broadcast") for n in range(1, 7)], pubs
+    assert all(p["bytes"] == syncs[-1]["broadcast"]["bytes"] and p["join_s"] < 60 for p in pubs), pubs
     assert not any((run / "checkpoints").glob("step-*/")), list((run / "checkpoints").iterdir())
     assert sorted(p.name for p in (run / "ds_checkpoints").glob("step-*")) == ["step-000004", "step-000006"]
     assert not (run / "endpoint.json").exists()           # the serving job ended with the training

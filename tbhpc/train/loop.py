@@ -19,6 +19,7 @@ determinism and preemption.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -108,7 +109,6 @@ class Trainer:
         self.out_of_time = False                 # max_seconds reached: the run ends after this step
         self.tb = _tensorboard(self.run_path) if cfg.tensorboard and self.rank0 else None
         self.margin_warned = False
-        self.last_publication: dict = {}
         self.checkpointed, self.checkpoint_s = 0, 0.0   # the last step saved, and what its save took
         self.exact_version: int | None = None     # after a rewind: the first rollouts wait for this version only
 
@@ -437,8 +437,14 @@ class Trainer:
             how = publish_broadcast(self.eng, self.run_path, step, fp, cfg.sync_join_timeout_s, cfg.sync_bucket_mb << 20,
                                     self.eng.gpu)
         if how is None:
+            if cfg.sync_transport == "broadcast" and self.rank0:
+                self.log(f"train: step {step}: no server took the broadcast within {cfg.sync_join_timeout_s:g} s "
+                         "(none running, restarting, or on another device); publishing files instead")
             how = publish_files(self.eng, self.run_path, step, fp)
-        self.last_publication = how
+        if self.rank0:                        # what each publication cost, phase by phase (docs/weight-sync.md)
+            (self.run_path / "logs").mkdir(exist_ok=True)
+            with open(self.run_path / "logs" / "publish.jsonl", "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": step, "at": time.time(), **how}) + "\n")
         due = (cfg.export_every and step % cfg.export_every == 0) or step == cfg.steps or self.stopped or self.out_of_time
         if due:
             dest = self.run_path / "exports" / version_name(step)
