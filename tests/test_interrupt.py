@@ -134,7 +134,7 @@ def _interrupt_from_another_thread_inside_the_block() -> int:
     go, sent = threading.Event(), threading.Event()
 
     def other_thread():
-        go.wait(10)
+        go.wait(120)
         os.kill(os.getpid(), signal.SIGINT)
         sent.set()
 
@@ -144,7 +144,9 @@ def _interrupt_from_another_thread_inside_the_block() -> int:
     try:
         with interrupts.workers_born_ignoring_sigint():
             go.set()
-            sent.wait(10)
+            # generous: a sender starved past this wait (a loaded CI machine, once) would deliver its
+            # SIGINT during the join below, outside the block, and end the whole test session
+            sent.wait(120)
             for _ in range(100_000):     # plenty of bytecode boundaries where a handler would run
                 steps += 1
     except KeyboardInterrupt:
