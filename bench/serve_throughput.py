@@ -87,7 +87,7 @@ def main() -> int:
         ep = sup.start()
         ready = time.monotonic() - t0
         try:
-            gen = ServerGenerator(ep.base_url, ep.model)
+            gen = ServerGenerator(ep.base_url, ep.model, token=ep.client().token)
             server_rate(gen, ps[:2], Sampling(max_tokens=4), 2)      # warm-up
             table = Table(title="vLLM server vs model.generate (same run, same machine)")
             for col in ("engine", "concurrency", "tokens", "tok/s", "median request s", "x baseline"):

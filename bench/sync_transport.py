@@ -85,13 +85,14 @@ def vllm_phases(model_dir: Path, state: dict, rows: list) -> None:
     from tbhpc.serve.broadcast import Sender, digesting
     from tbhpc.serve.config import ServeConfig
     from tbhpc.serve.digest import compare_replicas, digest_table, state_digest
+    from tbhpc.serve.auth import ensure_token
     from tbhpc.serve.server import VLLMServer
     from tbhpc.serve.verify import served_digest
     from tbhpc.serve.vllm_ext.tbhpc_wire import meta_of
     with tempfile.TemporaryDirectory() as run:
         run = Path(run)
         cfg = ServeConfig(model=str(model_dir), device="cpu", dtype="bfloat16", kv_cache_gb=1, max_model_len=2048)
-        server = VLLMServer(cfg, str(model_dir), run / "vllm.log").start()
+        server = VLLMServer(cfg, str(model_dir), run / "vllm.log", token_file=str(ensure_token(run))).start()
         try:
             print(f"4. vLLM ready in {server.wait_ready():.0f} s", flush=True)
             size = sum(t.numel() * t.element_size() for t in state.values())
@@ -106,7 +107,7 @@ def vllm_phases(model_dir: Path, state: dict, rows: list) -> None:
             report = server.reload(str(ckpt), "unverified:step-1")
             rows.append(("vLLM file sync: pause, reload from disk, resume", size, time.perf_counter() - t0))
             t0 = time.perf_counter()
-            ok = compare_replicas(state_digest(moved, "bfloat16", True), served_digest(server.base_url)).equal
+            ok = compare_replicas(state_digest(moved, "bfloat16", True), served_digest(server.client)).equal
             rows.append((f"vLLM server digest after it (equal: {ok})", size, time.perf_counter() - t0))
             again = {n: (t.float() * 0.99).to(torch.bfloat16) for n, t in state.items()}
             meta = [meta_of(n, t) for n, t in again.items()]
@@ -123,7 +124,7 @@ def vllm_phases(model_dir: Path, state: dict, rows: list) -> None:
             th.join()
             rows.append(("vLLM broadcast sync: pause, receive + load in place, resume", size, time.perf_counter() - t0))
             rows.append(("  of which the workers' receive and load", size, got.get("receive_s", 0.0)))
-            ok = compare_replicas(digest_table(digests, "bfloat16", True), served_digest(server.base_url)).equal
+            ok = compare_replicas(digest_table(digests, "bfloat16", True), served_digest(server.client)).equal
             rows.append((f"  the server's digest then equals the stream's: {ok}", 0, 0.0))
             del report
         finally:

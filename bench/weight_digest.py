@@ -22,6 +22,7 @@ from rich.table import Table
 from tbhpc.serve.checkpoints import write_checkpoint
 from tbhpc.serve.config import ServeConfig
 from tbhpc.serve.digest import compare, model_digests
+from tbhpc.serve.auth import ensure_token
 from tbhpc.serve.server import VLLMServer
 from tbhpc.serve.verify import served_digest
 
@@ -41,7 +42,7 @@ def bench_one(name: str, path: Path, dtype: str, threads: int, tmp: Path) -> tup
     pub_s = time.perf_counter() - t0
     cfg = ServeConfig(model=str(path), device="cpu", dtype=dtype, kv_cache_gb=1, cpu_threads=threads,
                       max_model_len=2048, enforce_eager=True)
-    server = VLLMServer(cfg, str(path), run / "logs" / "vllm.log").start()
+    server = VLLMServer(cfg, str(path), run / "logs" / "vllm.log", token_file=str(ensure_token(run))).start()
     try:
         server.wait_ready()
         kernels = server.kernel_report()
@@ -49,7 +50,7 @@ def bench_one(name: str, path: Path, dtype: str, threads: int, tmp: Path) -> tup
         server.reload(str(ckpt), "step-000001")
         reload_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        held = served_digest(server.base_url)
+        held = served_digest(server.client)
         rpc_s = time.perf_counter() - t0
     finally:
         server.stop()

@@ -29,6 +29,7 @@ from rich.table import Table
 from tbhpc.serve.checkpoints import publish_checkpoint
 from tbhpc.serve.config import ServeConfig
 from tbhpc.serve.fingerprint import Fingerprint, default_tol, distance, served_logprobs
+from tbhpc.serve.auth import ensure_token
 from tbhpc.serve.server import VLLMServer
 from tbhpc.serve.verify import check_weights
 
@@ -56,13 +57,13 @@ def bench_one(console: Console, name: str, model_dir: Path, dtype: str, threads:
     with tempfile.TemporaryDirectory() as run:
         cfg = ServeConfig(model=str(model_dir), device="cpu", dtype=dtype, kv_cache_gb=1, cpu_threads=threads,
                           max_model_len=2048)
-        server = VLLMServer(cfg, str(model_dir), Path(run) / "logs" / "vllm.log")
+        server = VLLMServer(cfg, str(model_dir), Path(run) / "logs" / "vllm.log", token_file=str(ensure_token(run)))
         t0 = time.monotonic()
         server.start().wait_ready()
         start_s = time.monotonic() - t0
         try:
             kernels = server.kernel_report()
-            served_logprobs(server.base_url, cfg.served_model_name, [0, 1, 2, 3])       # first-request set-up
+            served_logprobs(server.client, cfg.served_model_name, [0, 1, 2, 3])       # first-request set-up
             paths = ", ".join(f"{k}×{n}" for k, n in kernels["paths"].items())
             console.print(f"{name} {kernels['dtype']}: server ready in {start_s:.1f} s, kernels {paths}")
             previous = None
@@ -75,16 +76,16 @@ def bench_one(console: Console, name: str, model_dir: Path, dtype: str, threads:
                 if method == "restart":
                     port = server.port
                     server.stop()
-                    server = VLLMServer(cfg, str(pub.path), server.log_path, port=port).start()
+                    server = VLLMServer(cfg, str(pub.path), server.log_path, port=port, token_file=server.token_file).start()
                     server.wait_ready()
-                    served_logprobs(server.base_url, cfg.served_model_name, [0, 1, 2, 3])
+                    served_logprobs(server.client, cfg.served_model_name, [0, 1, 2, 3])
                 else:
                     server.reload(str(pub.path), pub.version, method)
                 sync_s = time.monotonic() - t0
                 tol = max(default_tol(fp.dtype), default_tol(kernels["dtype"]))
                 want = pub.digests[kernels["dtype"]]
                 t0 = time.monotonic()
-                verdict = check_weights(server.base_url, cfg.served_model_name, pub.version, want, fp, tol)
+                verdict = check_weights(server.client, cfg.served_model_name, pub.version, want, fp, tol)
                 check_s = time.monotonic() - t0
                 moved = distance(previous.logprobs, fp.logprobs)[1] if previous else float("nan")
                 gbytes = sum(p.numel() for p in base.parameters()) * (4 if kernels["dtype"] == "float32" else 2) / 1e9

@@ -33,10 +33,11 @@ def run(args) -> int:
     if args.executor == "slurm":
         return _submit(cfg, run_dir, args.dry_run)
     if args.dry_run:
+        from tbhpc.serve.auth import token_path
         from tbhpc.serve.command import vllm_argv, vllm_env
         from tbhpc.serve.supervisor import resolve_device
         r = resolve_device(cfg)
-        print(" ".join(f"{k}={v}" for k, v in sorted(vllm_env(r).items())) + " \\\n  " + " ".join(vllm_argv(r, cfg.model, cfg.port or 8000)))
+        print(" ".join(f"{k}={v}" for k, v in sorted(vllm_env(r, {}, token_path(run_dir)).items())) + " \\\n  " + " ".join(vllm_argv(r, cfg.model, cfg.port or 8000)))
         return 0
     from tbhpc.serve.supervisor import Supervisor
     return Supervisor(run_dir, cfg, log=lambda m: print(m, flush=True)).run_forever()
@@ -51,6 +52,8 @@ def _submit(cfg, run_dir: Path, dry_run: bool) -> int:
         print(text, end="")
         return 0
     (run_dir / "logs" / "slurm").mkdir(parents=True, exist_ok=True)
+    from tbhpc.serve.auth import ensure_token
+    ensure_token(run_dir)       # made here, where the user's umask and file system are known to work
     cfg_path.write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
     script = run_dir / "slurm" / "serve.sbatch"
     script.parent.mkdir(parents=True, exist_ok=True)
@@ -66,6 +69,7 @@ def add_check_parser(sub) -> None:
     p = sub.add_parser("serve-check", help="verify a server computes the weights it claims (exact weight digests + fingerprint probe)")
     p.add_argument("run", nargs="?", type=Path, help="run directory of `tbhpc serve` (endpoint.json, checkpoint markers)")
     p.add_argument("--url", help="a vLLM server you run yourself (http://host:port), instead of RUN")
+    p.add_argument("--token-file", type=Path, help="with --url: a file holding the server's token (RUN: the run's own)")
     p.add_argument("--model", default="", help="served model name (default: the first of /v1/models)")
     p.add_argument("--checkpoint", type=Path,
                    help="the HF directory it should serve (digested and fingerprinted here on the CPU); default: the run's marker")
@@ -80,7 +84,10 @@ def run_check(args) -> int:
     from tbhpc.serve.verify import check_endpoint
     if bool(args.run) == bool(args.url):
         raise UserError("serve-check: give either RUN or --url")
-    check, source = check_endpoint(run=args.run, url=args.url, model=args.model, checkpoint=args.checkpoint, tol=args.tol)
+    if args.token_file and not args.url:
+        raise UserError("serve-check: --token-file goes with --url (RUN names its own token file)")
+    check, source = check_endpoint(run=args.run, url=args.url, model=args.model, checkpoint=args.checkpoint, tol=args.tol,
+                                   token_file=args.token_file)
     if args.format == "json":
         print(json.dumps({**check.to_json(), "fingerprint": source}))
     else:

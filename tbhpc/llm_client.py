@@ -49,7 +49,7 @@ class ChatEndpoint:
 
     base_url: str
     model: str
-    api_key: str = field(default_factory=lambda: os.environ.get("OPENAI_API_KEY", "EMPTY"))
+    api_key: str = field(default_factory=lambda: os.environ.get("OPENAI_API_KEY", "EMPTY"), repr=False)
     timeout_s: float = 600.0
     retries: int = 5
     backoff_s: float = 1.0

@@ -115,3 +115,31 @@ def checkpoint_weights(path: Path) -> dict:
     for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
         out.update(load_file(str(path / shard)))
     return out
+
+
+def token_leaks(run: Path, extra: tuple[Path, ...] = ()) -> list[str]:
+    """Where the run's server token shows up outside its own file: every file under `run` (and
+    `extra`) read as bytes, every row of every DuckDB table, every string in HDF5 files. []: nowhere."""
+    token = (run / "server.token").read_text().strip()
+    hits = []
+    for path in [p for root in (run, *extra) for p in Path(root).rglob("*") if p.is_file()]:
+        if path.name == "server.token":
+            continue
+        if path.suffix == ".duckdb":            # strings may be stored compressed: read them back
+            con = duckdb.connect(str(path), read_only=True)
+            try:
+                for (table,) in con.execute("SELECT table_name FROM information_schema.tables").fetchall():
+                    if token in repr(con.execute(f'SELECT * FROM "{table}"').fetchall()):
+                        hits.append(f"{path}: table {table}")
+            finally:
+                con.close()
+        elif path.suffix in (".h5", ".hdf5"):
+            import h5py
+            found = []
+            with h5py.File(path, "r") as f:
+                f.visititems(lambda name, obj: found.append(name) if token in repr(dict(obj.attrs)) or (
+                    hasattr(obj, "dtype") and obj.dtype.kind in "OSU" and token in repr(obj[()])) else None)
+            hits += [f"{path}: {name}" for name in found]
+        elif token.encode() in path.read_bytes():
+            hits.append(str(path))
+    return hits

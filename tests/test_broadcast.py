@@ -80,7 +80,7 @@ class Receiver:
         self.version = "base"
         self.skip = skip
         self.proc = type("P", (), {"pid": 100, "poll": lambda self: None})()
-        self.port, self.base_url, self.started_at = 9000, "http://fake", 0.0
+        self.port, self.base_url, self.client, self.started_at = 9000, "http://fake", "client of http://fake", 0.0
 
     def receive(self, offer, version):
         g = wire.Group(offer.host, offer.port, 1, offer.world, "cpu", offer.timeout_s).join()

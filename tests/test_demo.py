@@ -160,7 +160,7 @@ def test_the_trained_checkpoint_serves_in_vllm(demo, tmp_path):
         tok = AutoTokenizer.from_pretrained(export)
         prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": "I want to return a lamp."}], tokenize=False,
                                                     add_generation_prompt=True), add_special_tokens=False)
-        got = ServerGenerator(ep.base_url, ep.model).generate(prompt, Sampling(max_tokens=12), seed=1)
+        got = ServerGenerator(ep.base_url, ep.model, token=ep.client().token).generate(prompt, Sampling(max_tokens=12), seed=1)
         exact = recompute_logprobs(AutoModelForCausalLM.from_pretrained(export), prompt + got.token_ids, len(prompt))
         assert got.token_ids and np.abs(np.array(exact) - got.logprobs).max() < 1e-3, cpu_class()
     finally:

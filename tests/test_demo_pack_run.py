@@ -150,7 +150,7 @@ def test_the_export_loads_in_transformers_and_serves_in_vllm(run, tmp_path):
                             stderr=subprocess.STDOUT, text=True)
     try:
         ep = _wait_endpoint(tmp_path / "serve", lambda: proc.poll() is None)
-        got = ServerGenerator(ep.base_url, ep.model).generate(prompt, Sampling(max_tokens=12), seed=1)
+        got = ServerGenerator(ep.base_url, ep.model, token=ep.client().token).generate(prompt, Sampling(max_tokens=12), seed=1)
         exact = recompute_logprobs(model, prompt + got.token_ids, len(prompt))
         assert got.token_ids and np.abs(np.array(exact) - got.logprobs).max() < 1e-3, cpu_class()
     finally:

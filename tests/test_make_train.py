@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from helpers import eval_export
+from helpers import eval_export, token_leaks
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -49,6 +49,8 @@ def test_make_train_runs_on_policy_grpo_with_every_step_sampled_by_the_previous_
     pubs = [json.loads(line) for line in (run / "logs" / "publish.jsonl").read_text().splitlines()]
     assert [(p["step"], p["transport"], p["ranks"]) for p in pubs] == [(n, "files", 3) for n in (1, 2, 3)], pubs
     assert all(p["bytes"] > 0 and p["write_s"] >= 0 and p["digest_s"] >= 0 for p in pubs), pubs
+    # the run's server token: private, and nowhere else in the run (logs, scripts, DuckDB, HDF5, checkpoints)
+    assert (run / "server.token").stat().st_mode & 0o777 == 0o600 and token_leaks(run) == []
 
 
 def test_make_train_runs_one_step_off_policy_grpo_on_the_cluster_with_the_server_alongside(tmp_path):
@@ -94,6 +96,7 @@ def test_make_train_runs_one_step_off_policy_grpo_on_the_cluster_with_the_server
     assert not any((run / "checkpoints").glob("step-*/")), list((run / "checkpoints").iterdir())
     assert sorted(p.name for p in (run / "ds_checkpoints").glob("step-*")) == ["step-000004", "step-000006"]
     assert not (run / "endpoint.json").exists()           # the serving job ended with the training
+    assert token_leaks(run) == []
     ready = sorted(p.name for p in (run / "checkpoints").glob("*.ready"))
     assert ready == ["step-000005.ready", "step-000006.ready"]   # keep_published: 2 (exports/ keeps its own copy)
     import yaml

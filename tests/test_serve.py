@@ -39,11 +39,15 @@ def test_vllm_command_cpu_and_gpu():
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert {"--enable-scale-out", "--no-enable-chunked-prefill", "--enable-auto-tool-choice"} <= set(argv)
     assert argv[argv.index("--port") + 1] == "8123" and "--gpu-memory-utilization" not in argv
-    env = vllm_env(cpu, {"OMP_NUM_THREADS": "1", "PYTHONPATH": "/x"})
+    env = vllm_env(cpu, {"OMP_NUM_THREADS": "1", "PYTHONPATH": "/x"}, "/run/server.token")
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "3" and env["OMP_NUM_THREADS"] == "2" and env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["PYTHONPATH"].endswith(":/x") and Path(env["PYTHONPATH"].split(":")[0], "tbhpc_vllm_ext.py").exists()
-    assert "OMP_NUM_THREADS" not in vllm_env(ServeConfig(model="/m", device="cpu"), {"OMP_NUM_THREADS": "1"})
-    assert vllm_env(ServeConfig(model="/m", device="cpu"), {"SLURM_CPUS_PER_TASK": "6"})["OMP_NUM_THREADS"] == "6"
+    # the token's file, never the token; the token check is the last middleware added (the first to run)
+    assert env["TBHPC_TOKEN_FILE"] == "/run/server.token"
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--middleware"][-1] == "tbhpc_auth.RequireRunToken"
+    assert Path(env["PYTHONPATH"].split(":")[0], "tbhpc_auth.py").exists()
+    assert "OMP_NUM_THREADS" not in vllm_env(ServeConfig(model="/m", device="cpu"), {"OMP_NUM_THREADS": "1"}, "t")
+    assert vllm_env(ServeConfig(model="/m", device="cpu"), {"SLURM_CPUS_PER_TASK": "6"}, "t")["OMP_NUM_THREADS"] == "6"
     gpu = vllm_argv(ServeConfig(model="/m", device="cuda", tensor_parallel_size=4, reasoning_parser="qwen3"), "/m", 1)
     assert gpu[gpu.index("--tensor-parallel-size") + 1] == "4" and "--gpu-memory-utilization" in gpu
     assert "--reasoning-parser" in gpu and "--no-enable-chunked-prefill" not in gpu

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -44,7 +45,7 @@ from tbhpc.serve.digest import model_digests
 from tbhpc.serve.endpoint import read_endpoint, wait_for_version
 from tbhpc.serve.fingerprint import compute_fingerprint
 
-from helpers import MACHINE_NOTES, cpu_class
+from helpers import MACHINE_NOTES, cpu_class, token_leaks
 
 pytestmark = pytest.mark.slow
 SERVE_OPTS = ["device=cpu", "kv_cache_gb=1", "max_model_len=8192", "tool_call_parser=hermes", "poll_s=0.2"]
@@ -106,6 +107,7 @@ def served(tmp_path_factory, tiny_dir):
         time.sleep(0.5)
     assert not (run / "endpoint.json").exists(), "the job's end did not remove endpoint.json"
     assert not _pid_alive(ep.pid), "the vLLM server outlived its Slurm job"
+    assert token_leaks(run) == []       # every log, script and record the module's tests left in the run
 
 
 def _with_fault_file(run: Path) -> dict:
@@ -129,8 +131,7 @@ def _small_step(model, seed: int, scale: float = 2e-3):
 
 
 def _models(ep) -> list[dict]:
-    with urllib.request.urlopen(ep.openai_url + "/models", timeout=10) as r:
-        return json.loads(r.read())["data"]
+    return ep.client().get("/v1/models", timeout=10)["data"]
 
 
 # runs before the tests on the Slurm-served server: that module-scoped job then lives only while they run
@@ -160,7 +161,7 @@ def test_fp32_sync_then_a_damaged_checkpoint_is_refused(tmp_path, tiny_dir, tiny
         MACHINE_NOTES.append(f"vLLM fp32: kernels {s1['kernels']}, reload refreshed {s1.get('reload', {}).get('refreshed')}")
         assert (s1["mode"], s1["verified"], s1["kernels"]["dtype"]) == ("reload", True, "float32"), machine
         prompt = tok.encode("I want a refund for my flight.")
-        out = ServerGenerator(ep.base_url, ep.model).generate(prompt, Sampling(max_tokens=16), seed=3)
+        out = ServerGenerator(ep.base_url, ep.model, token=ep.client().token).generate(prompt, Sampling(max_tokens=16), seed=3)
         lp_b = np.array(recompute_logprobs(model_b, prompt + out.token_ids, len(prompt)))
         assert np.abs(lp_b - out.logprobs).max() < FP32_ATOL, machine
 
@@ -210,6 +211,62 @@ def test_server_job_publishes_its_endpoint(served):
     assert [(m["id"], m["weight_version"]) for m in _models(ep)] == [("policy", "base")]
 
 
+def _status(ep, method: str, route: str, body: dict | None = None, token: str = "") -> int:
+    req = urllib.request.Request(ep.base_url + route, data=None if body is None else json.dumps(body).encode(),
+                                 method=method, headers={"Content-Type": "application/json",
+                                                         **({"Authorization": f"Bearer {token}"} if token else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+# one route of each class, with a request the right token may run without disturbing the other tests
+ROUTE_CLASSES = {
+    "openai": ("GET", "/v1/models", None),
+    "openai sampling": ("POST", "/v1/completions", {"model": "policy", "prompt": [1, 2, 3], "max_tokens": 1}),
+    "tokens": ("POST", "/inference/v1/generate", {"model": "policy", "token_ids": [1, 2, 3],
+                                                  "sampling_params": {"max_tokens": 1}}),
+    "worker rpc": ("POST", "/collective_rpc", {"method": "tbhpc_kernel_paths"}),
+    "pause": ("POST", "/pause?mode=wait", {}),
+    "resume": ("POST", "/resume", {}),
+    "cache": ("POST", "/reset_prefix_cache", {}),
+    "weight version": ("GET", "/weight_info", None),
+    "metrics": ("GET", "/metrics", None),
+}
+
+
+def test_every_route_but_health_answers_only_the_runs_token(served):
+    """No token -> 401, a wrong one -> 401 (and nothing happens: the version cannot be set), the
+    run's token -> served; /health stays open for Slurm and the supervisor. Each refusal is logged
+    with the peer's address; the token is in no command line or environment of the server."""
+    run, ep, _ = served
+    token_file = Path(ep.token_file)
+    assert token_file == run / "server.token" and token_file.stat().st_mode & 0o777 == 0o600
+    token = token_file.read_text().strip()
+    wrong = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
+    for name, (method, route, body) in {**ROUTE_CLASSES,
+                                        "set version": ("POST", "/update_weight_version", {"new_version": "evil"})}.items():
+        assert _status(ep, method, route, body) == 401, name
+        assert _status(ep, method, route, body, wrong) == 401, name
+    for name, (method, route, body) in ROUTE_CLASSES.items():      # pause is followed by resume
+        assert _status(ep, method, route, body, token) == 200, name
+    assert _status(ep, "GET", "/health") == 200
+    assert [m["weight_version"] for m in _models(ep)] == ["base"]      # the refused version change did not happen
+    log = (run / "logs" / "vllm-server.log").read_text(errors="replace")
+    assert "401 POST '/collective_rpc' from 127.0.0.1:" in log and "401 POST '/update_weight_version'" in log
+    assert token not in log and wrong not in log
+    for pid in (ep.pid, *_children(ep.pid)):
+        for what in ("cmdline", "environ"):
+            assert token.encode() not in Path(f"/proc/{pid}/{what}").read_bytes(), (pid, what)
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out]
+
+
 def _campaign(run: Path, kind: str, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tbhpc.cli", kind, "--out", str(run), "limit=4", "repeats=2",
                            "workers=2", *overrides], capture_output=True, text=True, timeout=600)
@@ -230,6 +287,7 @@ def test_probe_and_eval_campaigns_are_graded_through_the_server(served, tmp_path
         assert len(rows) == 8 and all(s == "ok" and r in (0.0, 1.0) and t >= 1 for s, r, t, _ in rows), rows
         assert usage > 0                       # tokens really came from the server
     assert {r[3] for r in rows} <= {"response_budget", "user_limit", "done", "end_turn_tool", "agent_limit"}
+    assert token_leaks(run, (tmp_path / "eval", tmp_path / "probe")) == []   # the policy options name the run, not its token
 
 
 def test_server_tokens_and_logprobs_match_the_model_in_process(served, tiny_dir, tasks_by_id):
@@ -254,7 +312,7 @@ def _serve_check(run: Path) -> subprocess.CompletedProcess:
 
 def test_weight_sync_is_exact_and_verified(served, tiny_dir_b):
     run, ep, _ = served
-    gen = ServerGenerator(ep.base_url, ep.model)
+    gen = ServerGenerator(ep.base_url, ep.model, token=ep.client().token)
     tok_b = AutoTokenizer.from_pretrained(tiny_dir_b)
     prompt = tok_b.encode("Please check the status of order 1042.")
     before = gen.generate(prompt, Sampling(max_tokens=12), seed=7)
@@ -282,7 +340,7 @@ def test_weight_sync_is_exact_and_verified(served, tiny_dir_b):
     check = _serve_check(run)
     assert check.returncode == 0 and check.stdout.startswith("PASS: serves step-000001"), check.stdout + check.stderr
     own = subprocess.run([sys.executable, "-m", "tbhpc.cli", "serve-check", "--url", ep.base_url, "--checkpoint",
-                          str(tiny_dir_b), "--format", "json"], capture_output=True, text=True, timeout=120)
+                          str(tiny_dir_b), "--token-file", ep.token_file, "--format", "json"], capture_output=True, text=True, timeout=120)
     verdict = json.loads(own.stdout)                       # a server "you run yourself": URL + checkpoint dir
     assert own.returncode == 0 and verdict["verified"] and verdict["probe_version"] == "step-000001", own.stdout
     assert verdict["digest_equal"] is True and verdict["digest_tensors"] == s["digest_tensors"], own.stdout
@@ -379,7 +437,7 @@ def test_a_broadcast_sync_streams_into_the_running_server_and_is_verified_exactl
     print(machine, "broadcast sync:", {k: s.get(k) for k in ("mode", "sync_s", "broadcast", "reload", "digest_s")}, sent)
     assert (s["mode"], s["transport"], s["verified"], s["digest_equal"]) == ("broadcast", "broadcast", True, True), s
     assert s["broadcast"]["bytes"] == sent["bytes"] and s["path"] is None and s["digest_tensors"] >= 20
-    gen = ServerGenerator(ep.base_url, ep.model)
+    gen = ServerGenerator(ep.base_url, ep.model, token=ep.client().token)
     prompt = tok.encode("Please check the status of order 1042.")
     out = gen.generate(prompt, Sampling(max_tokens=12), seed=7)
     lp = np.array(recompute_logprobs(model, prompt + out.token_ids, len(prompt)))

@@ -119,6 +119,7 @@ class FakeServer:
     stale_reload: bool = False
     proc: FakeProc = field(default_factory=lambda: FakeProc(100))
     base_url: str = "http://fake"
+    client: str = "client of http://fake"     # what check_weights is handed (the fakes below ignore it)
     started_at: float = 0.0
     stopped: bool = False
 

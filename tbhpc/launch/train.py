@@ -111,6 +111,8 @@ def submit_train(cfg: TrainConfig, out: Path, dry_run: bool = False, workdir: st
     (run / "train.yaml").write_text(yaml.safe_dump(asdict(cfg), sort_keys=False), encoding="utf-8")
     jobs: dict[str, str] = {}
     if cfg.generator == "server":
+        from tbhpc.serve.auth import ensure_token
+        ensure_token(run)       # before any job: the run's server answers only its holders
         (run / "serve.yaml").write_text(yaml.safe_dump(asdict(serve_config_for(cfg)), sort_keys=False), encoding="utf-8")
     for name, _ in render_train_pipeline(str(run), cfg, workdir).items():
         text = render_train_pipeline(str(run), cfg, workdir, jobs.get("serve", SERVE_PLACEHOLDER))[name]

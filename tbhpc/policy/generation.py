@@ -47,6 +47,7 @@ class ServerGenerator:
     timeout_s: float = 600.0
     retries: int = 5
     backoff_s: float = 1.0
+    token: str = field(default="", repr=False)      # the run's server token (serve/auth.py); never printed
 
     def generate(self, prompt_ids: list[int], sampling: Sampling, seed: int) -> Generation:
         body = {"model": self.model, "token_ids": list(map(int, prompt_ids)), "sampling_params": {
@@ -67,7 +68,8 @@ class ServerGenerator:
         return Generation(ids, lps, choice.get("finish_reason") or "stop", version, time.monotonic() - t0)
 
     def _post(self, route: str, body: dict) -> Any:
-        return post_json(self.base_url.rstrip("/") + route, body, self.timeout_s, self.retries, self.backoff_s)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        return post_json(self.base_url.rstrip("/") + route, body, self.timeout_s, self.retries, self.backoff_s, headers)
 
 
 @dataclass

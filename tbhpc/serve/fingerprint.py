@@ -21,6 +21,7 @@ from typing import Any
 
 from tbhpc.errors import EndpointError, UserError
 from tbhpc.llm_client import post_json
+from tbhpc.serve.client import ServerClient
 
 PROBE_TEXT = (
     "<|im_start|>system\nYou are a support agent for Northwind Home. Follow the policy manual; "
@@ -105,17 +106,17 @@ def load_checkpoint(path: str, dtype: str = "float32") -> tuple[Any, Any]:
 
 
 
-def served_logprobs(base_url: str, model: str, tokens: list[int], timeout_s: float = 120.0) -> list[float]:
+def served_logprobs(server: ServerClient, model: str, tokens: list[int], timeout_s: float = 120.0) -> list[float]:
     """Teacher-forced logprobs of `tokens` through an OpenAI-compatible vLLM server
     (`/v1/completions` with `prompt_logprobs`, one prefill; nothing is sampled that matters)."""
     body = {"model": model, "prompt": list(map(int, tokens)), "max_tokens": 1, "temperature": 0.0,
             "prompt_logprobs": 0}
-    payload = post_json(base_url.rstrip("/").removesuffix("/v1") + "/v1/completions", body, timeout_s, 2, 0.5)
+    payload = post_json(server.base_url + "/v1/completions", body, timeout_s, 2, 0.5, server.headers)
     try:
         rows = payload["choices"][0]["prompt_logprobs"]
         out = [float(rows[i][str(tokens[i])]["logprob"]) for i in range(1, len(tokens))]
     except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise EndpointError(f"{base_url}: /v1/completions returned no prompt logprobs for the probe", exc) from None
+        raise EndpointError(f"{server.base_url}: /v1/completions returned no prompt logprobs for the probe", exc) from None
     return out
 
 
@@ -152,9 +153,9 @@ def distance(a: list[float], b: list[float]) -> tuple[float, float]:
     return max(d), sum(d) / len(d)
 
 
-def check_server(base_url: str, model: str, fp: Fingerprint, version: str, tol: float,
+def check_server(server: ServerClient, model: str, fp: Fingerprint, version: str, tol: float,
                  timeout_s: float = 120.0) -> Check:
     t0 = time.monotonic()
-    served = served_logprobs(base_url, model, fp.tokens, timeout_s)
+    served = served_logprobs(server, model, fp.tokens, timeout_s)
     mx, mean = distance(served, fp.logprobs)
     return Check(version, mx, mean, tol, len(fp.logprobs), time.monotonic() - t0, served)

@@ -15,10 +15,12 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 from tbhpc.errors import EndpointError, UserError
+from tbhpc.serve.auth import read_token
+from tbhpc.serve.client import ServerClient
 from tbhpc.serve.command import vllm_argv, vllm_env
 from tbhpc.serve.config import ServeConfig
 
@@ -57,15 +59,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def http_json(url: str, body: dict | None = None, timeout: float = 30.0, method: str | None = None) -> Any:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        raw = resp.read()
-    return json.loads(raw) if raw.strip() else None
-
-
 @dataclass
 class VLLMServer:
     cfg: ServeConfig
@@ -73,6 +66,7 @@ class VLLMServer:
     log_path: Path
     port: int = 0
     connect_host: str = "127.0.0.1"          # where this process reaches the server
+    token_file: str = ""                     # the run's token (auth.py): the server demands it, this client sends it
     proc: subprocess.Popen | None = field(default=None, repr=False)
     started_at: float = 0.0
 
@@ -80,15 +74,21 @@ class VLLMServer:
     def base_url(self) -> str:
         return f"http://{self.connect_host}:{self.port}"
 
+    @cached_property
+    def client(self) -> ServerClient:
+        return ServerClient(self.base_url, read_token(self.token_file) if self.token_file else "")
+
     def start(self) -> "VLLMServer":
         if not Path(self.cfg.python).exists():
             raise UserError(f"serve: vLLM python {self.cfg.python!r} not found; run `make env-vllm` "
                             "(or set python=/path/to/vllm-env/bin/python)")
+        read_token(self.token_file)          # a missing or loose token file: one line here, not a dead server later
         self.port = self.port or free_port(self.cfg.host if self.cfg.host != "0.0.0.0" else "127.0.0.1")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.started_at = time.time()
-        self.proc = subprocess.Popen(vllm_argv(self.cfg, self.model, self.port), env=vllm_env(self.cfg, dict(os.environ)),
+        env = vllm_env(self.cfg, dict(os.environ), self.token_file)
+        self.proc = subprocess.Popen(vllm_argv(self.cfg, self.model, self.port), env=env,
                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
         return self
@@ -140,19 +140,19 @@ class VLLMServer:
         except ProcessLookupError:
             pass
 
-    # --- admin routes (vLLM dev mode) -------------------------------------------------------
+    # --- admin routes (vLLM dev mode, behind the run's token) ---------------------------------
     def weight_version(self) -> str:
-        return http_json(self.base_url + "/weight_info")["weight_version"]
+        return self.client.get("/weight_info")["weight_version"]
 
     def models(self) -> list[dict]:
-        return http_json(self.base_url + "/v1/models")["data"]
+        return self.client.get("/v1/models")["data"]
 
     def set_version(self, version: str) -> None:
-        http_json(self.base_url + "/update_weight_version", {"new_version": version})
+        self.client.post("/update_weight_version", {"new_version": version})
 
     def rpc(self, method: str, timeout: float = 60, **kwargs) -> list:
         """collective_rpc on every worker (dev mode); one result per worker."""
-        out = http_json(self.base_url + "/collective_rpc", {"method": method, "kwargs": kwargs}, timeout=timeout)
+        out = self.client.post("/collective_rpc", {"method": method, "kwargs": kwargs}, timeout=timeout)
         return (out or {}).get("results") or []
 
     def kernel_report(self) -> dict:
@@ -166,17 +166,17 @@ class VLLMServer:
         into the running engine (`tbhpc`: vLLM's reload, then re-pack every kernel copy the reload
         left stale; `vllm`: vLLM's reload alone), drop the prefix cache (its KV came from the old
         weights), set the version, resume. Returns the workers' merged report."""
-        http_json(f"{self.base_url}/pause?mode={self.cfg.pause_mode}", {}, timeout=600)
+        self.client.post(f"/pause?mode={self.cfg.pause_mode}", timeout=600)
         try:
             if method == "tbhpc":
                 report = merge_reports(self.rpc("tbhpc_reload", timeout=1800, weights_path=str(weights_path)))
             else:
                 self.rpc("reload_weights", timeout=1800, weights_path=str(weights_path))
                 report = {}
-            http_json(self.base_url + "/reset_prefix_cache", {}, timeout=60)
+            self.client.post("/reset_prefix_cache", timeout=60)
             self.set_version(version)
         finally:
-            http_json(self.base_url + "/resume", {}, timeout=60)
+            self.client.post("/resume", timeout=60)
         return report
 
 
@@ -184,15 +184,15 @@ class VLLMServer:
         """In-place sync from a trainer's broadcast (serve/broadcast.py): pause, every worker joins the
         offer's group and loads what arrives (`tbhpc_receive`), drop the prefix cache, set the
         version, resume."""
-        http_json(f"{self.base_url}/pause?mode={self.cfg.pause_mode}", {}, timeout=600)
+        self.client.post(f"/pause?mode={self.cfg.pause_mode}", timeout=600)
         try:
             report = merge_reports(self.rpc("tbhpc_receive", timeout=offer.timeout_s + 60, host=offer.host,
                                             port=offer.port, world=offer.world, meta=offer.meta,
                                             bucket_bytes=offer.bucket_bytes, timeout_s=offer.timeout_s))
-            http_json(self.base_url + "/reset_prefix_cache", {}, timeout=60)
+            self.client.post("/reset_prefix_cache", timeout=60)
             self.set_version(version)
         finally:
-            http_json(self.base_url + "/resume", {}, timeout=60)
+            self.client.post("/resume", timeout=60)
         return report
 
 

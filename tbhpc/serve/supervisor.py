@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from tbhpc.errors import EndpointError, UserError
+from tbhpc.serve.auth import ensure_token
 from tbhpc.serve.broadcast import Offer, latest_offer
 from tbhpc.serve.checkpoints import (BASE_VERSION, REJECTED, UNVERIFIED, Published, latest_ready, published,
                                      record_sync, version_step)
@@ -65,6 +66,7 @@ class Supervisor:
     def __init__(self, run_dir: Path | str, cfg: ServeConfig, log=print):
         cfg.validate()
         self.run, self.cfg, self.log = Path(run_dir), resolve_device(cfg), log
+        self.token_file = ensure_token(self.run)     # every client of the server must present it
         self.stop_event = threading.Event()
         self.server: VLLMServer | None = None
         self.endpoint: Endpoint | None = None
@@ -83,7 +85,8 @@ class Supervisor:
                                  model_path=str(Path(model).resolve()), pid=self.server.proc.pid,
                                  job_id=_job_id(), started_at=self.server.started_at,
                                  dtype=self.kernels.get("dtype", ""), device=self.cfg.device,
-                                 workers=self.cfg.tensor_parallel_size * self.cfg.data_parallel_size)
+                                 workers=self.cfg.tensor_parallel_size * self.cfg.data_parallel_size,
+                                 token_file=str(self.token_file))
         ready = time.time() - self.server.started_at
         if pub is None:
             self._announce(BASE_VERSION)
@@ -102,7 +105,8 @@ class Supervisor:
         return self.endpoint
 
     def _launch(self, model: str, port: int) -> None:
-        self.server = VLLMServer(self.cfg, model, self.run / "logs" / "vllm-server.log", port=port).start()
+        self.server = VLLMServer(self.cfg, model, self.run / "logs" / "vllm-server.log", port=port,
+                                 token_file=str(self.token_file)).start()
         self.log(f"serve: starting vLLM ({self.cfg.device}) on {model} port {self.server.port} (pid {self.server.proc.pid})")
         self.server.wait_ready(should_stop=self.stop_event.is_set)
         try:
@@ -110,7 +114,7 @@ class Supervisor:
         except Exception as exc:   # a server without the worker extension: verification still works
             self.kernels = {"error": f"{type(exc).__name__}: {exc}"}
         try:   # the first request of a fresh engine pays its one-off set-up (~2 s here): not the check
-            served_logprobs(self.server.base_url, self.cfg.served_model_name, [0, 1, 2, 3])
+            served_logprobs(self.server.client, self.cfg.served_model_name, [0, 1, 2, 3])
         except EndpointError as exc:
             self.log(f"serve: warm-up request failed ({exc})")
 
@@ -236,7 +240,7 @@ class Supervisor:
         want, fp = refs
         tol = self.cfg.verify_tol or max(default_tol(fp.dtype), default_tol(self.kernels.get("dtype")))
         prev = _fingerprint_of(previous)
-        verdict = check_weights(self.server.base_url, self.cfg.served_model_name, self.server.weight_version(), want,
+        verdict = check_weights(self.server.client, self.cfg.served_model_name, self.server.weight_version(), want,
                                 fp, tol, prev, report_dir=self.run / "logs" / ".digests",
                                 replicas=self.cfg.data_parallel_size)
         if not verdict.passed:

@@ -26,7 +26,8 @@ from tbhpc.serve.digest import DigestCheck, compare_replicas, merge_served, mode
 from tbhpc.serve.endpoint import read_endpoint
 from tbhpc.serve.fingerprint import (Check, Fingerprint, check_server, compute_fingerprint, default_tol, distance,
                                      load_checkpoint)
-from tbhpc.serve.server import http_json, merge_reports
+from tbhpc.serve.client import ServerClient
+from tbhpc.serve.server import merge_reports
 
 
 @dataclass
@@ -59,7 +60,7 @@ class Verdict:
         return out
 
 
-def served_digest(base_url: str, report_dir: Path | str | None = None, replicas: int = 0) -> list[dict] | dict:
+def served_digest(server: ServerClient, report_dir: Path | str | None = None, replicas: int = 0) -> list[dict] | dict:
     """The server's digests of what it holds (tbhpc's worker extension), one per data-parallel
     replica, or {"unsupported": why}. Every worker also writes its report into `report_dir` (a
     fresh directory the server can write): vLLM's RPC answers with the first replica's workers only.
@@ -71,7 +72,7 @@ def served_digest(base_url: str, report_dir: Path | str | None = None, replicas:
     report_dir.mkdir(parents=True, exist_ok=True)
     try:
         body = {"method": "tbhpc_digest", "kwargs": {"report_dir": str(report_dir), "replicas": replicas}}
-        results = (http_json(base_url + "/collective_rpc", body, timeout=1800) or {}).get("results") or []
+        results = (server.post("/collective_rpc", body, timeout=1800) or {}).get("results") or []
         files = [json.loads(f.read_text()) for f in sorted(report_dir.glob("dp*-pp*-tp*.json"))]
     except (urllib.error.URLError, OSError, ValueError) as exc:
         return {"unsupported": f"the server cannot digest its weights ({getattr(exc, 'reason', exc)})"}
@@ -84,12 +85,12 @@ def served_digest(base_url: str, report_dir: Path | str | None = None, replicas:
 NO_DTYPE = "the server reports no dtype (started without tbhpc's worker extension), so its weights cannot be digested"
 
 
-def check_weights(base_url: str, model: str, version: str, want: dict | None, fp: Fingerprint | None, tol: float,
+def check_weights(server: ServerClient, model: str, version: str, want: dict | None, fp: Fingerprint | None, tol: float,
                   previous: Fingerprint | None = None, report_dir: Path | None = None, replicas: int = 0) -> Verdict:
     """Identity (`want`: the published digest in the served dtype; None when the server reports no
     dtype, so it cannot digest either), then the probe."""
-    digest = compare_replicas(want, served_digest(base_url, report_dir, replicas)) if want is not None else DigestCheck("", unsupported=NO_DTYPE)
-    probe = check_server(base_url, model, fp, version, tol) if fp is not None else None
+    digest = compare_replicas(want, served_digest(server, report_dir, replicas)) if want is not None else DigestCheck("", unsupported=NO_DTYPE)
+    probe = check_server(server, model, fp, version, tol) if fp is not None else None
     prev = None
     if probe is not None and previous is not None and previous.tokens == fp.tokens:
         prev = distance(probe.served, previous.logprobs)
@@ -99,19 +100,20 @@ def check_weights(base_url: str, model: str, version: str, want: dict | None, fp
 # --- `tbhpc serve-check` ---------------------------------------------------------------------------
 
 def check_endpoint(run: Path | None = None, url: str | None = None, model: str = "", checkpoint: Path | None = None,
-                   tol: float = 0.0) -> tuple[Verdict, str]:
-    """(the verdict, where its reference came from). RUN: the run's endpoint and the ready marker
-    of the version the server reports (or the run's model directory for `base`); URL: a server
-    of your own, compared with `checkpoint`, fingerprinted and digested here."""
+                   tol: float = 0.0, token_file: Path | None = None) -> tuple[Verdict, str]:
+    """(the verdict, where its reference came from). RUN: the run's endpoint (and its token) and
+    the ready marker of the version the server reports (or the run's model directory for `base`);
+    URL: a server of your own (its token in `token_file`, if it wants one), compared with
+    `checkpoint`, fingerprinted and digested here."""
     if run is not None:
         ep = read_endpoint(run)
-        base_url, model = ep.base_url, model or ep.model
+        server, model = ep.client(), model or ep.model
     else:
-        base_url = url.rstrip("/").removesuffix("/v1")
-    _reachable(base_url, f"serve-check {run}" if run is not None else "serve-check --url")
+        server = ServerClient.at(url, token_file)
+    _reachable(server, f"serve-check {run}" if run is not None else "serve-check --url")
     if run is None:
-        model = model or _first_model(base_url)
-    version, dtype = _served_version(base_url, model), _served_dtype(base_url)
+        model = model or _first_model(server)
+    version, dtype = _served_version(server, model), _served_dtype(server)
     if checkpoint is not None:
         (fp, digests), source = _reference_of(checkpoint, dtype), str(checkpoint)
     elif run is not None:
@@ -120,7 +122,7 @@ def check_endpoint(run: Path | None = None, url: str | None = None, model: str =
         raise UserError("serve-check --url: --checkpoint DIR (the weights it should serve) is required")
     tol = tol or max(default_tol(fp.dtype), default_tol(dtype))
     want = (digests or {}).get(dtype) if dtype else None
-    verdict = check_weights(base_url, model, version, want, fp, tol)
+    verdict = check_weights(server, model, version, want, fp, tol)
     if dtype and want is None:
         verdict.digest = DigestCheck(dtype, mismatch=f"the reference has no digest for {dtype} (only "
                                                      f"{', '.join(digests or {}) or 'none'})")
@@ -148,39 +150,45 @@ def _run_reference(run: Path, version: str, model_path: str, dtype: str) -> tupl
     return Fingerprint.from_json(pub.fingerprint), pub.digests, f"{claimed} marker"
 
 
-def _reachable(base_url: str, who: str) -> None:
-    """One line when nothing answers at `base_url` (a dead server, a wrong port or host)."""
+def _reachable(server: ServerClient, who: str) -> None:
+    """One line when nothing answers at the server's URL (a dead server, a wrong port or host) or
+    it refuses our token."""
     try:
-        http_json(base_url + "/v1/models", timeout=10.0)
+        server.get("/v1/models", timeout=10.0)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 401:
+            fix = "the run's token file is not the one it was started with" if server.token else "give --token-file"
+            raise UserError(f"{who}: {server.base_url} refused the request (401 unauthorized: {fix})") from None
+        raise InfraError(f"{who}: {server.base_url}/v1/models answered {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise InfraError(f"{who}: no vLLM server answers at {base_url} ({reason})") from None
+        raise InfraError(f"{who}: no vLLM server answers at {server.base_url} ({reason})") from None
 
 
-def _first_model(base_url: str) -> str:
-    data = http_json(base_url + "/v1/models").get("data") or []
+def _first_model(server: ServerClient) -> str:
+    data = server.get("/v1/models").get("data") or []
     if not data:
-        raise UserError(f"serve-check: {base_url}/v1/models lists no model")
+        raise UserError(f"serve-check: {server.base_url}/v1/models lists no model")
     return data[0]["id"]
 
 
-def _served_dtype(base_url: str) -> str:
+def _served_dtype(server: ServerClient) -> str:
     """The dtype the engine computes in, from tbhpc's worker extension; '' (the loosest
     tolerance applies, no digest) on a server without it."""
     try:
-        results = http_json(base_url + "/collective_rpc", {"method": "tbhpc_kernel_paths"}).get("results") or []
+        results = server.post("/collective_rpc", {"method": "tbhpc_kernel_paths"}).get("results") or []
         return merge_reports(results)["dtype"]
     except Exception:
         return ""
 
 
-def _served_version(base_url: str, model: str) -> str:
+def _served_version(server: ServerClient, model: str) -> str:
     """The weight version the server reports (tbhpc's middleware on /v1/models, else vLLM's
     dev-mode /weight_info), or 'unknown'."""
     try:
-        for card in http_json(base_url + "/v1/models").get("data") or []:
+        for card in server.get("/v1/models").get("data") or []:
             if card.get("id") == model and card.get("weight_version"):
                 return str(card["weight_version"])
-        return str(http_json(base_url + "/weight_info")["weight_version"])
+        return str(server.get("/weight_info")["weight_version"])
     except Exception:  # a server without either route still gets checked
         return "unknown"
