@@ -99,13 +99,13 @@ PY
 import multiprocessing as mp, time, torch
 from tbhpc.serve.vllm_ext import tbhpc_wire as wire
 def receive(port, device, meta, q):
-    g = wire.Group("127.0.0.1", port, 1, 2, device, 120).join()
+    g = wire.Group("127.0.0.1", port, 1, 2, device, 120, "t" * 43).join()
     n = sum(t.numel() * t.element_size() for _, t in wire.receive(g, meta))
     g.close(); q.put(n)
 def run(device):
     state = {f"w{i}": torch.randn(64 << 20, device="cuda", dtype=torch.bfloat16) for i in range(16)}   # 2.1 GB
     meta = [wire.meta_of(n, t) for n, t in state.items()]
-    g = wire.listen("127.0.0.1", 2, device, 120)
+    g = wire.listen("127.0.0.1", 2, device, 120, "t" * 43)
     ctx = mp.get_context("spawn"); q = ctx.Queue()
     p = ctx.Process(target=receive, args=(g.port, device, meta, q)); p.start()
     assert g.wait_joined(60)

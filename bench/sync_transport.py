@@ -50,7 +50,7 @@ def _receiver(port: int, meta: list, q) -> None:
     import torch
     torch.set_num_threads(1)
     from tbhpc.serve.vllm_ext import tbhpc_wire as wire
-    g = wire.Group("127.0.0.1", port, 1, 2, "cpu", 600).join()
+    g = wire.Group("127.0.0.1", port, 1, 2, "cpu", 600, "t" * 43).join()
     t0 = time.perf_counter()
     n = sum(t.numel() * t.element_size() for _, t in wire.receive(g, meta, 256 << 20))
     g.close()
@@ -62,7 +62,7 @@ def stream(state: dict, digest: bool) -> tuple[float, float]:
     from tbhpc.serve.broadcast import digesting
     from tbhpc.serve.vllm_ext import tbhpc_wire as wire
     meta = [wire.meta_of(n, t) for n, t in state.items()]
-    sender = wire.listen("127.0.0.1", 2, "cpu", 600)
+    sender = wire.listen("127.0.0.1", 2, "cpu", 600, "t" * 43)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     p = ctx.Process(target=_receiver, args=(sender.port, meta, q))

@@ -32,7 +32,8 @@ OWNED: dict[str, tuple[str, ...]] = {
             "results.duckdb", "results.duckdb.wal", "results.duckdb.damaged-*", "results.duckdb.tmp", ".merge.lock",
             "slurm", ".tmp-*", "report", "buffers",
             "checkpoints", "ds_checkpoints", "exports", "evals", "tensorboard", "serve.yaml", "train.yaml",
-            "vllm-server.log", "endpoint.json"),     # the last: the serving job of a training run may start first
+            "vllm-server.log", "endpoint.json",      # the serving job of a training run may start first
+            "server.token"),                         # made with the run directory (serve/auth.py)
 }
 
 

@@ -155,3 +155,14 @@ def test_the_leak_check_finds_a_token_in_logs_duckdb_and_hdf5(tmp_path):
         f.create_dataset("meta", data=[token.encode()], compression="gzip")
     assert sorted(token_leaks(tmp_path)) == sorted([str(tmp_path / "logs" / "b.log"), f"{tmp_path / 'results.duckdb'}: table t",
                                                     f"{tmp_path / 'rollouts.h5'}: meta"])
+
+
+def test_a_server_outside_slurm_listens_on_loopback_unless_told(tmp_path):
+    from tbhpc.launch.sbatch import render_serve
+    from tbhpc.serve.command import vllm_argv
+    from tbhpc.serve.config import ServeConfig
+    argv = vllm_argv(ServeConfig(model="/m"), "/m", 8000)
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert "--api-key" not in argv and not any(read_token(ensure_token(tmp_path)) in a for a in argv)
+    script = render_serve(str(tmp_path), str(tmp_path / "serve.yaml"), ServeConfig(model="/m").slurm, "/work")
+    assert "host=0.0.0.0" in script and "server.token" not in script    # a Slurm job: other nodes reach it, with the token

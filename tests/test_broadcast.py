@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tbhpc.serve import supervisor as sup_mod
+from tbhpc.serve.auth import ensure_token, read_token
 from tbhpc.serve import verify as verify_mod
 from tbhpc.serve.broadcast import Sender, digesting, latest_offer, offer_path
 from tbhpc.serve.checkpoints import mark_ready, read_syncs
@@ -17,6 +18,7 @@ from tbhpc.serve.config import ServeConfig
 from tbhpc.serve.digest import digest_table, state_digest
 from tbhpc.serve.endpoint import read_endpoint, wait_for_version
 from tbhpc.serve.fingerprint import Check, Fingerprint
+from tbhpc.serve.server import UntrustedGroup
 from tbhpc.serve.vllm_ext import tbhpc_wire as wire
 
 
@@ -28,9 +30,12 @@ def _state(seed: int) -> dict[str, torch.Tensor]:
             "steps": torch.arange(5)}
 
 
+TOKEN = "t" * 43          # a run's token, as auth.py makes them (43 url-safe characters)
+
+
 def _receive(port: int, world: int, rank: int, meta: list, out) -> None:
     torch.set_num_threads(1)
-    g = wire.Group("127.0.0.1", port, rank, world, "cpu", 60).join()
+    g = wire.Group("127.0.0.1", port, rank, world, "cpu", 60, TOKEN).join()
     got = {n: t.clone() for n, t in wire.receive(g, meta, bucket_bytes=20_000)}
     g.close()
     out.put((rank, {n: (t.dtype, t.shape, t.float().sum().item(), t.view(-1).view(torch.uint8).sum().item())
@@ -42,7 +47,7 @@ def test_the_wire_delivers_every_tensor_bit_for_bit_to_every_receiver_in_buckets
     meta = [wire.meta_of(n, t) for n, t in state.items()]
     buckets = wire.plan_buckets(meta, 20_000)
     assert buckets == [[0], [1, 2, 3]]      # 38,400 B alone; then 256 + 16,384 + 40 B in one bucket
-    sender = wire.listen("127.0.0.1", 3, "cpu", 60)
+    sender = wire.listen("127.0.0.1", 3, "cpu", 60, TOKEN)
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_receive, args=(sender.port, 3, r, meta, out)) for r in (1, 2)]
@@ -58,10 +63,13 @@ def test_the_wire_delivers_every_tensor_bit_for_bit_to_every_receiver_in_buckets
     want = {n: (t.dtype, t.shape, t.float().sum().item(), t.view(-1).view(torch.uint8).sum().item()) for n, t in state.items()}
     assert got == {1: want, 2: want}
     with pytest.raises(ValueError, match="layer.norm.weight is \\(3,\\) torch.float32, announced \\(64,\\) float32"):
-        wire.send(wire.listen("127.0.0.1", 1, "cpu", 5), meta[:2], [state["embed.weight"], torch.zeros(3)])
+        wire.send(wire.listen("127.0.0.1", 1, "cpu", 5, TOKEN), meta[:2], [state["embed.weight"], torch.zeros(3)])
+    with pytest.raises(ValueError, match="no run token"):
+        wire.listen("127.0.0.1", 2, "cpu", 5, "")
 
 
 def test_an_offer_nobody_takes_is_withdrawn_in_bounded_time(tmp_path):
+    ensure_token(tmp_path)
     meta = [wire.meta_of(n, t) for n, t in _state(0).items()]
     sender = Sender(tmp_path, 3, meta, receivers=2, device="cpu", timeout_s=30, bucket_bytes=1 << 20, host="127.0.0.1")
     offer = latest_offer(tmp_path)
@@ -75,7 +83,8 @@ def test_an_offer_nobody_takes_is_withdrawn_in_bounded_time(tmp_path):
 class Receiver:
     """The vLLM server's stand-in: `receive` joins the offer's group as worker 1 and keeps the tensors."""
 
-    def __init__(self, skip: bool = False):
+    def __init__(self, run, skip: bool = False):
+        self.token = read_token(ensure_token(run))     # what a worker reads from TBHPC_TOKEN_FILE
         self.held: dict = {}
         self.version = "base"
         self.skip = skip
@@ -83,7 +92,10 @@ class Receiver:
         self.port, self.base_url, self.client, self.started_at = 9000, "http://fake", "client of http://fake", 0.0
 
     def receive(self, offer, version):
-        g = wire.Group(offer.host, offer.port, 1, offer.world, "cpu", offer.timeout_s).join()
+        try:
+            g = wire.Group(offer.host, offer.port, 1, offer.world, "cpu", offer.timeout_s, self.token).join()
+        except PermissionError as exc:        # as VLLMServer.receive turns its workers' reports
+            raise UntrustedGroup(str(exc)) from None
         got = {n: t.clone() for n, t in wire.receive(g, offer.meta, offer.bucket_bytes)}
         g.close()
         if not self.skip:
@@ -102,7 +114,7 @@ class Receiver:
 
 
 def test_a_broadcast_sync_is_checked_like_a_file_sync_and_a_stream_that_loads_nothing_is_refused(tmp_path, monkeypatch):
-    fake = Receiver()
+    fake = Receiver(tmp_path)
     s = sup_mod.Supervisor(tmp_path, ServeConfig(model="/base", device="cpu", on_mismatch="refuse"), log=lambda m: None)
 
     def launch(model, port):
@@ -149,3 +161,36 @@ def test_a_broadcast_sync_is_checked_like_a_file_sync_and_a_stream_that_loads_no
             assert read_endpoint(tmp_path).version == "rejected:step-000002"
     assert [e["transport"] for e in read_syncs(tmp_path)] == ["broadcast", "broadcast"]
     assert s.sync_if_new() is None                    # nothing newer: no file marker, no open offer
+
+
+def test_a_stranger_in_the_group_gets_no_weights_and_the_server_keeps_what_it_serves(tmp_path, monkeypatch):
+    """Someone without the run's token joins a sync's group (the TCPStore takes anyone): every member's
+    proof is checked before a byte moves, so the sender sends nothing and falls back to files, the
+    stranger and the server's worker both learn the group is not trusted, and the server keeps
+    serving its verified version and does not retry that offer."""
+    fake = Receiver(tmp_path)
+    s = sup_mod.Supervisor(tmp_path, ServeConfig(model="/base", device="cpu"), log=lambda m: None)
+    monkeypatch.setattr(s, "_launch", lambda model, port: setattr(s, "server", fake))
+    s.start()
+    meta = [wire.meta_of(n, t) for n, t in _state(1).items() if t.is_floating_point()]
+    sender = Sender(tmp_path, 1, meta, 2, "cpu", 30, 20_000, host="127.0.0.1")     # the server's worker + one slot
+    stranger: dict = {}
+
+    def intrude():
+        try:
+            wire.Group("127.0.0.1", sender.offer.port, 2, 3, "cpu", 30, "s" * 43).join()
+        except PermissionError as exc:
+            stranger["refused"] = str(exc)
+
+    threads = [threading.Thread(target=intrude), threading.Thread(target=lambda: stranger.update(entry=s.sync_if_new()))]
+    for t in threads:
+        t.start()
+    assert sender.wait_joined(30) is False
+    for t in threads:
+        t.join(30)
+    assert sender.refused == "weight broadcast: group rank(s) [2] of 3 did not prove the run's token; nothing was sent"
+    assert "rank(s) [0, 1] of 3" in stranger["refused"] and not offer_path(tmp_path, 1).exists()   # its view: the others
+    entry = stranger["entry"]
+    assert entry["untrusted"] == sender.refused and entry["served_as"] == "base" and entry["verified"] is False
+    assert fake.held == {} and read_endpoint(tmp_path).version == "base" == fake.version   # nothing loaded, nothing announced
+    assert s.sync_if_new() is None

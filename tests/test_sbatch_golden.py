@@ -61,7 +61,7 @@ def test_the_reference_training_run():
                       ["model=/models/q27", "pool=/runs/probe/pool.yaml", "slurm.python=/opt/tbhpc/.venv/bin/python",
                        "env={NCCL_IB_HCA: 'mlx5_0,mlx5_1', NCCL_SOCKET_IFNAME: ib0}",
                        "serve.slurm={gres: 'gpu:8', cpus_per_task: 32, mem: 512G, time: '48:00:00', "
-                       "python: /opt/tbhpc/.venv/bin/python}"])
+                       "extra_sbatch: ['--exclusive'], python: /opt/tbhpc/.venv/bin/python}"])
     scripts = render_train_pipeline("/scratch/runs/grpo-27b", cfg, "/home/ada/tbhpc")
     check("train_reference.txt", "".join(f"# ==> {name} <==\n{text}" for name, text in scripts.items()))
     assert "# rollouts: 16 ranks x 9 episodes in flight = 144 (episodes_in_flight 144) against 2 vLLM replicas" \
@@ -69,4 +69,5 @@ def test_the_reference_training_run():
     # the published layout: 24 GPUs on 3 nodes, 2 training nodes of 8 and one serving node of 8
     assert "#SBATCH --nodes=2" in scripts["train.sbatch"] and "#SBATCH --ntasks-per-node=8" in scripts["train.sbatch"]
     assert "#SBATCH --nodes=1" in scripts["serve.sbatch"] and "#SBATCH --gres=gpu:8" in scripts["serve.sbatch"]
+    assert "#SBATCH --exclusive" in scripts["serve.sbatch"]     # nobody else on the node of vLLM's loopback sockets
     assert "times out after 1,698 s (max_tokens 8,192 at 5 tokens/s + 60 s)" in scripts["train.sbatch"]

@@ -93,18 +93,24 @@ class Sender:
 
     def __init__(self, run_dir: Path | str, step: int, meta: list[dict], receivers: int, device: str,
                  timeout_s: float, bucket_bytes: int, host: str | None = None):
+        from tbhpc.serve.auth import read_token, token_path
         from tbhpc.serve.vllm_ext.tbhpc_wire import listen
         self.run, self.step, self.meta, self.bucket_bytes = Path(run_dir), step, meta, bucket_bytes
-        self.group = listen("0.0.0.0", receivers + 1, device, timeout_s)
+        self.group = listen("0.0.0.0", receivers + 1, device, timeout_s, read_token(token_path(self.run)))
         self.offer = Offer(step, host or socket.gethostname(), self.group.port, receivers + 1,
                            "cpu" if device == "cpu" else "cuda", meta, bucket_bytes, time.time(), timeout_s)
         write_offer(self.run, self.offer)
         self.join_s = 0.0
+        self.refused = ""                   # why a group that formed was not trusted (tbhpc_wire's proof)
 
     def wait_joined(self, timeout_s: float) -> bool:
-        """True when every receiver joined; else the offer is withdrawn (publish through files)."""
+        """True when every receiver joined and proved the run's token; else the offer is withdrawn
+        (publish through files)."""
         t0 = time.monotonic()
-        ok = self.group.wait_joined(timeout_s)
+        try:
+            ok = self.group.wait_joined(timeout_s)
+        except PermissionError as exc:
+            ok, self.refused = False, str(exc)
         self.join_s = time.monotonic() - t0
         if not ok:
             withdraw(self.run, self.step)

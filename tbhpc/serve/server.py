@@ -183,17 +183,26 @@ class VLLMServer:
     def receive(self, offer, version: str) -> dict:
         """In-place sync from a trainer's broadcast (serve/broadcast.py): pause, every worker joins the
         offer's group and loads what arrives (`tbhpc_receive`), drop the prefix cache, set the
-        version, resume."""
+        version, resume. UntrustedGroup when a member of the group could not prove the run's token
+        (nothing was sent: the served weights and version are unchanged)."""
         self.client.post(f"/pause?mode={self.cfg.pause_mode}", timeout=600)
         try:
-            report = merge_reports(self.rpc("tbhpc_receive", timeout=offer.timeout_s + 60, host=offer.host,
-                                            port=offer.port, world=offer.world, meta=offer.meta,
-                                            bucket_bytes=offer.bucket_bytes, timeout_s=offer.timeout_s))
+            results = self.rpc("tbhpc_receive", timeout=offer.timeout_s + 60, host=offer.host, port=offer.port,
+                               world=offer.world, meta=offer.meta, bucket_bytes=offer.bucket_bytes,
+                               timeout_s=offer.timeout_s)
+            untrusted = [r["untrusted"] for r in results if isinstance(r, dict) and r.get("untrusted")]
+            if untrusted:
+                raise UntrustedGroup(untrusted[0])
+            report = merge_reports(results)
             self.client.post("/reset_prefix_cache", timeout=60)
             self.set_version(version)
         finally:
             self.client.post("/resume", timeout=60)
         return report
+
+
+class UntrustedGroup(Exception):
+    """A broadcast's group held a member that could not prove the run's token: nothing was sent."""
 
 
 def merge_reports(results: list) -> dict:

@@ -34,7 +34,7 @@ from tbhpc.serve.checkpoints import (BASE_VERSION, REJECTED, UNVERIFIED, Publish
 from tbhpc.serve.config import ServeConfig
 from tbhpc.serve.endpoint import Endpoint, remove_endpoint, write_endpoint
 from tbhpc.serve.fingerprint import Fingerprint, default_tol, distance, served_logprobs
-from tbhpc.serve.server import VLLMServer
+from tbhpc.serve.server import UntrustedGroup, VLLMServer
 from tbhpc.serve.verify import Verdict, check_weights
 
 __all__ = ["Supervisor", "version_step", "BASE_VERSION"]
@@ -71,6 +71,7 @@ class Supervisor:
         self.server: VLLMServer | None = None
         self.endpoint: Endpoint | None = None
         self.current: Published | None = None
+        self.untrusted_at = float("-inf")      # the last offer whose group a stranger joined: not retried
         self.kernels: dict = {}
 
     def publish_host(self) -> str:
@@ -128,7 +129,7 @@ class Supervisor:
         trainer is waiting), else a checkpoint on disk. Newer means published later, not a higher
         step: a trainer resumed from an earlier DeepSpeed checkpoint publishes that step again."""
         since = self.current.published_at if self.current is not None else float("-inf")
-        if self.cfg.sync_mode == "reload" and (offer := latest_offer(self.run, newer_than=since)) is not None:
+        if self.cfg.sync_mode == "reload" and (offer := latest_offer(self.run, newer_than=max(since, self.untrusted_at))) is not None:
             return self.receive(offer)
         pub = latest_ready(self.run, loadable=True)
         if pub is None or pub.published_at <= since:
@@ -143,6 +144,14 @@ class Supervisor:
         previous = self.current
         try:
             report = self.server.receive(offer, provisional)
+        except UntrustedGroup as exc:   # nothing was sent: keep serving what is verified, wait for the files
+            self.untrusted_at = offer.offered_at
+            entry = {"version": offer.version, "transport": "broadcast", "mode": "broadcast", "untrusted": str(exc),
+                     "verified": False, "served_as": self.endpoint.version}
+            record_sync(self.run, entry)
+            self.log(f"serve: WARNING: the broadcast of {offer.version} was not trusted ({exc}); still serving "
+                     f"{self.endpoint.version}")
+            return entry
         except Exception as exc:    # the trainer vanished mid-stream, a worker failed: nothing to announce
             pub = Published(offer.step, None, offer.offered_at, transport="broadcast")
             self.current = pub

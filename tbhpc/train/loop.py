@@ -435,11 +435,12 @@ class Trainer:
         how = None
         if cfg.sync_transport == "broadcast":
             how = publish_broadcast(self.eng, self.run_path, step, fp, cfg.sync_join_timeout_s, cfg.sync_bucket_mb << 20,
-                                    self.eng.gpu)
+                                    self.eng.gpu, self.log)
         if how is None:
             if cfg.sync_transport == "broadcast" and self.rank0:
                 self.log(f"train: step {step}: no server took the broadcast within {cfg.sync_join_timeout_s:g} s "
-                         "(none running, restarting, or on another device); publishing files instead")
+                         "(none running, restarting, on another device, or not every member proved the run's token); "
+                         "publishing files instead")
             how = publish_files(self.eng, self.run_path, step, fp)
         if self.rank0:                        # what each publication cost, phase by phase (docs/weight-sync.md)
             (self.run_path / "logs").mkdir(exist_ok=True)

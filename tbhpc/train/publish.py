@@ -89,9 +89,10 @@ def publish_files(eng, run_path: Path, step: int, fp: Fingerprint) -> dict:
 
 
 def publish_broadcast(eng, run_path: Path, step: int, fp: Fingerprint, join_timeout_s: float, bucket_bytes: int,
-                      gpu: bool) -> dict | None:
+                      gpu: bool, log=print) -> dict | None:
     """Offer the weights to the run's server and stream them in (None on every rank when nobody
-    joined in time: the caller publishes files). Collective."""
+    joined in time, or a member of the group could not prove the run's token: the caller publishes
+    files). Collective."""
     from tbhpc.serve.broadcast import Sender, digesting, sender_device
     from tbhpc.serve.endpoint import endpoint_path, read_endpoint
     sender, t0 = None, time.monotonic()
@@ -103,6 +104,8 @@ def publish_broadcast(eng, run_path: Path, step: int, fp: Fingerprint, join_time
             sender = Sender(run_path, step, eng.param_meta(), max(1, ep.workers), device, join_timeout_s + 600,
                             bucket_bytes)
             if not sender.wait_joined(join_timeout_s):
+                if sender.refused:
+                    log(f"train: step {step}: {sender.refused}")
                 sender = None
     joined = eng.all_reduce([1.0 if sender is not None else 0.0], "max")[0] > 0
     if not joined:

@@ -124,7 +124,12 @@ class WeightSync:
         rank = 1 + (place["dp_rank"] * place["pp"] + place["pp_rank"]) * place["tp"] + place["tp_rank"]
         device = str(getattr(self, "device", "cpu") or "cpu")
         t0 = time.perf_counter()
-        group = Group(host, int(port), rank, int(world), device, timeout_s).join()
+        with open(os.environ["TBHPC_TOKEN_FILE"], encoding="utf-8") as f:     # the run's token (tbhpc_auth)
+            token = f.read().strip()
+        try:
+            group = Group(host, int(port), rank, int(world), device, timeout_s, token).join()
+        except PermissionError as exc:      # a member without the token: nothing was sent, nothing changed here
+            return {"untrusted": str(exc), "rank": rank}
         joined = time.perf_counter()
         received = {"bytes": 0}
 

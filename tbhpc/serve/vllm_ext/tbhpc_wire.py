@@ -11,9 +11,18 @@ NCCL in seconds. This module is the wire both sides share (imports only torch, l
   small norms: one broadcast each would pay the latency 800 times); both sides cut the same
   buckets from the same metadata (`plan_buckets`), so nothing but bytes crosses the wire.
 Every receiver gets every full tensor: vLLM's own loaders cut tensor-parallel shards from them.
+
+The store and the group are torch's and take anyone who connects. So before a byte of weight
+moves, every member proves it holds the run's token (serve/auth.py): each contributes a fresh
+nonce, then an HMAC of its rank and all the nonces. A group with one member that cannot prove it
+ends at once on every side, and nothing is sent. A stranger on the port can make a sync fail,
+but can neither read the weights nor feed any (docs/security.md).
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
+import secrets
 import time
 from datetime import timedelta
 from typing import Iterable, Iterator
@@ -62,10 +71,12 @@ class Group:
     `join()`; the sender `wait_joined()` (bounded), so a sender whose receivers never come gives up
     before any tensor is gathered for them."""
 
-    def __init__(self, host: str, port: int, rank: int, world: int, device: str, timeout_s: float):
+    def __init__(self, host: str, port: int, rank: int, world: int, device: str, timeout_s: float, token: str):
         import torch.distributed as dist
+        if len(token) < 32:
+            raise ValueError("weight broadcast: no run token to prove membership with")
         self.timeout = timedelta(seconds=timeout_s)
-        self.rank, self.world, self.device = rank, world, torch.device(device)
+        self.rank, self.world, self.device, self._token = rank, world, torch.device(device), token.encode()
         self.store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=self.timeout, wait_for_workers=False)
         self.port = self.store.port
         self.pg = None
@@ -79,6 +90,27 @@ class Group:
             opts = dist.ProcessGroupNCCL.Options()
             opts._timeout = self.timeout
             self.pg = dist.ProcessGroupNCCL(prefixed, self.rank, self.world, opts)
+        self._prove()
+
+    def _proof(self, rank: int, nonces: bytes) -> bytes:
+        return hmac.new(self._token, b"tbhpc-weights|%d|" % rank + nonces, hashlib.sha256).digest()
+
+    def _allgather(self, data: bytes) -> list[bytes]:
+        mine = torch.tensor(list(data), dtype=torch.uint8, device=self.device)
+        out = [torch.empty_like(mine) for _ in range(self.world)]
+        self.pg.allgather([out], [mine]).wait()
+        return [bytes(t.cpu().tolist()) for t in out]
+
+    def _prove(self) -> None:
+        """Every member proves the run's token to every other (fresh nonces from all, so no proof
+        can be replayed); PermissionError naming the ranks that could not, and nothing is sent."""
+        nonces = b"".join(self._allgather(secrets.token_bytes(32)))
+        proofs = self._allgather(self._proof(self.rank, nonces))
+        bad = [r for r, p in enumerate(proofs) if not hmac.compare_digest(p, self._proof(r, nonces))]
+        if bad:
+            self.pg = None                  # no closing broadcast: the group is not trusted
+            raise PermissionError(f"weight broadcast: group rank(s) {bad} of {self.world} did not prove the run's "
+                                  "token; nothing was sent")
 
     def join(self) -> "Group":
         self.store.add("joined", 1)
@@ -111,9 +143,9 @@ class Group:
             self.store = None
 
 
-def listen(host: str, world: int, device: str, timeout_s: float, port: int = 0) -> Group:
+def listen(host: str, world: int, device: str, timeout_s: float, token: str, port: int = 0) -> Group:
     """The sender's side of the rendezvous (port 0: a free one, then `group.port`)."""
-    return Group(host, port, 0, world, device, timeout_s)
+    return Group(host, port, 0, world, device, timeout_s, token)
 
 
 def send(group: Group, meta: list[dict], tensors: Iterable[torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
