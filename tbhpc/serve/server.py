@@ -75,13 +75,19 @@ class VLLMServer:
         return f"http://{self.connect_host}:{self.port}"
 
     @cached_property
+    def _token(self) -> str:
+        return read_token(self.token_file) if self.token_file else ""
+
+    @property
     def client(self) -> ServerClient:
-        return ServerClient(self.base_url, read_token(self.token_file) if self.token_file else "")
+        return ServerClient(self.base_url, self._token)
 
     def start(self) -> "VLLMServer":
         if not Path(self.cfg.python).exists():
             raise UserError(f"serve: vLLM python {self.cfg.python!r} not found; run `make env-vllm` "
                             "(or set python=/path/to/vllm-env/bin/python)")
+        if not self.token_file:              # the server's middleware would refuse to start, a minute later
+            raise UserError("serve: no token file for the server (tbhpc.serve.auth.ensure_token(RUN) makes one)")
         read_token(self.token_file)          # a missing or loose token file: one line here, not a dead server later
         self.port = self.port or free_port(self.cfg.host if self.cfg.host != "0.0.0.0" else "127.0.0.1")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
