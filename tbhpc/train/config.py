@@ -27,6 +27,7 @@ def _finite(v: float) -> bool:
 # on 21 of the 24 steps of the demo run); seq-mean removes that push. It did not by itself keep the
 # demo model from degrading at a too-large lr (README, "What GRPO did to the demo model").
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean")
+ALGORITHMS = ("grpo", "rft")
 
 
 @dataclass
@@ -68,6 +69,7 @@ class TrainConfig:
     judge_url: str | None = None
     judge_model: str = "default"
     # the loss
+    algorithm: str = "grpo"               # grpo | rft: fine-tune on the episodes whose check passed (train/rft.py)
     normalize_std: bool = False
     loss_agg: str = "token-mean"          # token-mean (the recipe) | seq-mean-token-mean (every episode weighs the same)
     clip_low: float = 0.2
@@ -156,6 +158,8 @@ class TrainConfig:
             raise UserError(f"train config: field 'dtype' must be auto, fp32 or bf16, got {self.dtype!r}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise UserError(f"train config: field 'zero_stage' must be 0-3, got {self.zero_stage!r}")
+        if self.algorithm not in ALGORITHMS:
+            raise UserError(f"train config: field 'algorithm' must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
         if self.loss_agg not in LOSS_AGGS:
             raise UserError(f"train config: field 'loss_agg' must be one of {', '.join(LOSS_AGGS)}, got {self.loss_agg!r}")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):

@@ -24,6 +24,7 @@ from tbhpc.plan.memory import zero_buffers
 from tbhpc.train import memstat
 from tbhpc.train.config import TrainConfig
 from tbhpc.train.grpo import policy_loss
+from tbhpc.train.rft import nll_loss
 from tbhpc.train.packing import Packed
 
 # torch and the modules built on it (logprobs, loading, longseq) are imported where they are used:
@@ -308,10 +309,14 @@ class Engine:
                 p = packs[k]
                 lp, entropy = token_logprobs(self.engine, _to(p, self.device), cfg.logprob_chunk, entropy=True)
                 ent += float((entropy.detach() * p.loss_mask.to(entropy)).sum())
-                loss, s = policy_loss(lp, p.behaviour.to(self.device), p.advantages.to(self.device),
-                                      p.loss_mask.to(self.device), normaliser, cfg.clip_low, cfg.clip_high,
-                                      reducer, cfg.dual_clip,
-                                      None if p.weights is None else p.weights.to(self.device), cfg.tis_cap)
+                weights = None if p.weights is None else p.weights.to(self.device)
+                if cfg.algorithm == "rft":      # supervised on the passed episodes (train/rft.py)
+                    loss, s = nll_loss(lp, p.behaviour.to(self.device), p.loss_mask.to(self.device), normaliser,
+                                       reducer, weights)
+                else:
+                    loss, s = policy_loss(lp, p.behaviour.to(self.device), p.advantages.to(self.device),
+                                          p.loss_mask.to(self.device), normaliser, cfg.clip_low, cfg.clip_high,
+                                          reducer, cfg.dual_clip, weights, cfg.tis_cap)
                 clipped += s.clip_fraction * s.loss_tokens
                 capped += s.truncated * s.loss_tokens
                 mism += s.mismatch * s.loss_tokens

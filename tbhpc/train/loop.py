@@ -35,6 +35,7 @@ from tbhpc.train.config import TrainConfig
 from tbhpc.train.draw import load_pool
 from tbhpc.train.engine import DistEnv, Engine
 from tbhpc.train.jobs import preemption_margin, start_export_eval, stop_serving_job
+from tbhpc.train import rft
 from tbhpc.train.grpo import group_advantages
 from tbhpc.train.packing import effective_budget, pack
 from tbhpc.train.queue import DROPPED, FLAT, MIXED, DrawQueue, make_store
@@ -102,7 +103,7 @@ class Trainer:
                                   group_size=cfg.group_size, seed=cfg.seed, max_reruns=cfg.max_reruns,
                                   max_staleness=cfg.max_staleness, episodes_in_flight=cfg.in_flight_per_rank(self.env.world) if cfg.generator != "local" else 1,
                                   overlong=(cfg.response_budget, cfg.overlong_buffer, cfg.overlong_penalty),
-                                  min_group_std=cfg.min_group_std)
+                                  min_group_std=cfg.min_group_std, algorithm=cfg.algorithm)
         self.guard = CollapseGuard(cfg.guard_length, cfg.guard_entropy, cfg.guard_window, cfg.guard_reference or None)
         self.lr_scale, self.stopped = 1.0, ""
         self.elapsed_s = self.spent_s = 0.0      # wall time of the finished steps / up to this step's update (resumes included)
@@ -317,13 +318,16 @@ class Trainer:
         """A progress line every `every_s` while a step's rollouts run (they can take minutes)."""
         while not done.wait(every_s):
             claimed, mixed = queue.progress()
-            self.log(f"step {step:>4} rollouts: {claimed} drawn, {mixed}/{self.cfg.groups_per_step} mixed groups, "
+            kind = "groups with a pass" if self.cfg.algorithm == "rft" else "mixed groups"
+            self.log(f"step {step:>4} rollouts: {claimed} drawn, {mixed}/{self.cfg.groups_per_step} {kind}, "
                      f"{time.monotonic() - t0:.0f} s")
 
     def _advantages(self, kept):
         """The kept groups' samples and advantages (from the shaped rewards); with overlong_filter an
         episode cut off by the response budget stays in its group's baseline but is not trained on.
-        Returns (samples, advantages, episodes filtered out)."""
+        Returns (samples, advantages, episodes filtered out). RFT: the passed episodes, weight 1."""
+        if self.cfg.algorithm == "rft":
+            return rft.samples(kept, self.cfg.overlong_filter, is_overlong)
         episodes, adv, filtered = [], [], 0
         for g in kept:
             a = group_advantages(g.rewards, [g.index] * len(g.rollouts), self.cfg.normalize_std)

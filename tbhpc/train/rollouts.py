@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from tbhpc.errors import InfraError
 from tbhpc.rollout.collect import Rollout, collect_episode
+from tbhpc.train import rft
 from tbhpc.train.draw import draw, episode_seed
 from tbhpc.train.grpo import is_informative
 from tbhpc.train.queue import DROPPED, FLAT, MIXED, DrawQueue
@@ -56,6 +57,7 @@ class RolloutContext:
     max_staleness: int = 0       # on-policy: every token from the step's own weights
     overlong: tuple[int, int, float] = (0, 0, 0.0)   # (response budget, buffer, penalty): stability.shaped_rewards
     min_group_std: float = 0.0   # a group below this reward std is flat (replaced)
+    algorithm: str = "grpo"      # rft: a group is kept when one of its checks passed (train/rft.py)
 
 
 def run_rank_rollouts(ctx: RolloutContext, queue: DrawQueue, step: int, expected_version: int,
@@ -129,7 +131,8 @@ def _run_group(ctx: RolloutContext, episodes: ThreadPoolExecutor, queue: DrawQue
         g.error = f"sampled by step {oldest}, expected step {expected_version} (staleness bound {ctx.max_staleness})"
         return g
     g.rewards = shaped_rewards(rollouts, *ctx.overlong)
-    g.status = MIXED if is_informative(g.rewards, ctx.min_group_std) else FLAT
+    kept = rft.keeps(rollouts) if ctx.algorithm == "rft" else is_informative(g.rewards, ctx.min_group_std)
+    g.status = MIXED if kept else FLAT
     return g
 
 
