@@ -21,7 +21,7 @@ from rich.table import Table
 
 from tbhpc.serve.checkpoints import write_checkpoint
 from tbhpc.serve.config import ServeConfig
-from tbhpc.serve.digest import compare, model_digests
+from tbhpc.serve.digest import compare_replicas, model_digests
 from tbhpc.serve.auth import ensure_token
 from tbhpc.serve.server import VLLMServer
 from tbhpc.serve.verify import served_digest
@@ -54,7 +54,7 @@ def bench_one(name: str, path: Path, dtype: str, threads: int, tmp: Path) -> tup
         rpc_s = time.perf_counter() - t0
     finally:
         server.stop()
-    check = compare(want, held)
+    check = compare_replicas(want, held)
     paths = ", ".join(f"{k}×{n}" for k, n in kernels["paths"].items())
     return (name, dtype, paths, gbytes, save_s, pub_s, reload_s, rpc_s, check.seconds, check.tensors,
             check.kernel_copies, check.equal)

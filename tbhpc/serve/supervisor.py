@@ -13,6 +13,8 @@ trainer's open broadcast offer, received in place: broadcast.py, then checked th
 3. only a match announces `step-N`. Every sync (timings, kernel paths, both checks' figures) is
    appended to `RUN/logs/weight_sync.jsonl`.
 SIGTERM/SIGINT (Slurm ending the job, Ctrl-C) stop the server by PID and remove the endpoint file.
+The server answers only requests carrying the run's token (auth.py, made here if the run has none);
+endpoint.json names the token's file for every client.
 """
 from __future__ import annotations
 
