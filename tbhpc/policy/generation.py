@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from tbhpc.errors import EndpointError
 from tbhpc.llm_client import post_json
+from tbhpc.serve.auth import bearer
 
 
 @dataclass
@@ -68,8 +69,8 @@ class ServerGenerator:
         return Generation(ids, lps, choice.get("finish_reason") or "stop", version, time.monotonic() - t0)
 
     def _post(self, route: str, body: dict) -> Any:
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
-        return post_json(self.base_url.rstrip("/") + route, body, self.timeout_s, self.retries, self.backoff_s, headers)
+        return post_json(self.base_url.rstrip("/") + route, body, self.timeout_s, self.retries, self.backoff_s,
+                         bearer(self.token))
 
 
 @dataclass

@@ -41,7 +41,7 @@ class OpenAIPolicy:
             from tbhpc.serve.endpoint import read_endpoint
             ep = read_endpoint(self.endpoint)
             self.base_url, self.model = ep.openai_url, ep.model
-            key = {"api_key": ep.client().token} if ep.token_file else {}
+            key = {"api_key": token} if (token := ep.client().token) else {}
         elif self.token_file:
             from tbhpc.serve.auth import read_token
             key = {"api_key": read_token(self.token_file)}

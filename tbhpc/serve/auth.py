@@ -17,7 +17,6 @@ import stat
 from pathlib import Path
 
 from tbhpc.errors import UserError
-from tbhpc.serve.vllm_ext.tbhpc_auth import TOKEN_ENV    # noqa: F401  (the server learns the file's path, not the token)
 
 TOKEN_FILENAME = "server.token"
 TOKEN_BYTES = 32

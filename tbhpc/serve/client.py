@@ -16,10 +16,10 @@ from typing import Any
 from tbhpc.serve.auth import bearer, read_token
 
 
-def http_json(url: str, body: dict | None = None, timeout: float = 30.0, method: str | None = None,
-              token: str = "") -> Any:
+def http_json(url: str, body: dict | None = None, timeout: float = 30.0, token: str = "") -> Any:
+    """GET (no body) or POST `body` as JSON; the parsed answer (None when empty)."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method or ("POST" if data is not None else "GET"),
+    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET",
                                  headers={"Content-Type": "application/json", **bearer(token)})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         raw = resp.read()
@@ -35,10 +35,6 @@ class ServerClient:
     def at(cls, url: str, token_file: Path | str | None = None) -> "ServerClient":
         """A server given by URL (with or without /v1), its token read from `token_file` if any."""
         return cls(url.rstrip("/").removesuffix("/v1"), read_token(token_file) if token_file else "")
-
-    @property
-    def openai_url(self) -> str:
-        return self.base_url + "/v1"
 
     @property
     def headers(self) -> dict[str, str]:

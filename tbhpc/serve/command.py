@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tbhpc.serve.auth import TOKEN_ENV
+from tbhpc.serve.vllm_ext.tbhpc_auth import TOKEN_ENV    # the server learns the file's path, not the token
 from tbhpc.serve.config import ServeConfig
 
 EXT_DIR = Path(__file__).resolve().parent / "vllm_ext"

@@ -25,6 +25,20 @@ LOG_WINDOW_S = 60.0
 log = logging.getLogger("vllm.tbhpc.auth")     # under vLLM's logger: its format and handler
 
 
+def read_token_file(path: str | None = None) -> str:
+    """The run's token from `path` (default: the file TBHPC_TOKEN_FILE names): what the middleware
+    checks requests against and what the worker proves a broadcast group with. RuntimeError when
+    there is none: nothing of tbhpc's serves without it."""
+    path = path or os.environ.get(TOKEN_ENV, "")
+    if not path:
+        raise RuntimeError(f"tbhpc_auth: {TOKEN_ENV} is not set; refusing to serve without the run's token")
+    with open(path, encoding="utf-8") as f:
+        token = f.read().strip()
+    if len(token) < 32:
+        raise RuntimeError(f"tbhpc_auth: {path} holds no token")
+    return token
+
+
 def _digest(value: bytes) -> bytes:
     return hashlib.sha256(value).digest()      # equal-length inputs for the constant-time compare
 
@@ -32,14 +46,7 @@ def _digest(value: bytes) -> bytes:
 class RequireRunToken:
     def __init__(self, app, token_file: str | None = None):
         self.app = app
-        path = token_file or os.environ.get(TOKEN_ENV, "")
-        if not path:
-            raise RuntimeError(f"tbhpc_auth: {TOKEN_ENV} is not set; refusing to serve without the run's token")
-        with open(path, "rb") as f:
-            token = f.read().strip()
-        if len(token) < 32:
-            raise RuntimeError(f"tbhpc_auth: {path} holds no token")
-        self._want = _digest(token)
+        self._want = _digest(read_token_file(token_file).encode())
         self._window_start, self._logged, self._suppressed = 0.0, 0, 0
 
     def authorized(self, headers) -> bool:

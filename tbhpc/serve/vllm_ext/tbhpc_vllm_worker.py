@@ -119,15 +119,14 @@ class WeightSync:
         """Join the trainer's broadcast (tbhpc_wire) and load the tensors as the buckets arrive, then
         refresh kernel copies exactly as a file reload does. Every worker of every replica receives
         every full tensor (vLLM's loaders cut their shards); its group rank follows its place."""
+        from tbhpc_auth import read_token_file
         from tbhpc_wire import Group, receive
         place = self.tbhpc_place()
         rank = 1 + (place["dp_rank"] * place["pp"] + place["pp_rank"]) * place["tp"] + place["tp_rank"]
         device = str(getattr(self, "device", "cpu") or "cpu")
         t0 = time.perf_counter()
-        with open(os.environ["TBHPC_TOKEN_FILE"], encoding="utf-8") as f:     # the run's token (tbhpc_auth)
-            token = f.read().strip()
         try:
-            group = Group(host, int(port), rank, int(world), device, timeout_s, token).join()
+            group = Group(host, int(port), rank, int(world), device, timeout_s, read_token_file()).join()
         except PermissionError as exc:      # a member without the token: nothing was sent, nothing changed here
             return {"untrusted": str(exc), "rank": rank}
         joined = time.perf_counter()
