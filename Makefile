@@ -55,10 +55,12 @@ test: env env-vllm browser $(WARM)/config.json
 	TBHPC_REQUIRE_VLLM=1 TBHPC_REQUIRE_BROWSER=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python NODES=$(NODES) STATE=$(SLURM_STATE) \
 	  bash slurm/local/with-cluster.sh $(VPY) -m pytest -q -n 2 --dist loadgroup --durations=30
 
-# `make demo`: the published recipe on this machine with the demo model on the demo pack (committed
-# SFT plateau models/demo-pack-plateau) -> probe candidates it never saw -> select -> GRPO and continued SFT
-# for the same 180 s -> eval (+ fresh instances) -> the comparison in runs/demo-pack/report
-# (jobs/demo-pack.yaml, ~13 min here; ~14 min from a clean clone, .venv included).
+# `make demo`: the published experiment on this machine with the demo model on the demo pack: the base
+# (committed, models/demo-pack-warm) -> probe candidates it never saw -> select -> GRPO, and RFT and SFT on
+# oracle demonstrations for the same wall time -> eval (+ fresh instances) -> Table 1 and the comparison in
+# runs/demo-pack/report (jobs/demo-pack.yaml; under 15 min from a clean clone, .venv included).
+# `make demo START=plateau`: the same from the SFT plateau against continued SFT (jobs/demo-pack-plateau.yaml;
+# the null result of docs/demo-plateau.md).
 # `make demo PACK=full`: the full pack (jobs/demo.yaml, models/demo-warm; the README's null result, ~46 min).
 # `make demo QUICK=1`: the pipeline check (noisy oracle: probe -> select -> eval -> report in runs/demo-quick, ~10 s).
 # `make demo MODEL=smollm2`: SmolLM2-135M-Instruct on the full pack (jobs/demo-smollm2.yaml); with PACK=demo
@@ -66,7 +68,8 @@ test: env env-vllm browser $(WARM)/config.json
 MODEL    ?= tiny
 QUICK    ?= 0
 PACK     ?= $(if $(filter tiny,$(MODEL)),demo,full)
-DEMO_CONFIG := jobs/demo$(if $(filter demo,$(PACK)),-pack)$(if $(filter tiny,$(MODEL)),,-$(MODEL)).yaml
+START    ?= base
+DEMO_CONFIG := jobs/demo$(if $(filter demo,$(PACK)),-pack)$(if $(filter tiny,$(MODEL)),,-$(MODEL))$(if $(filter plateau,$(START)),-plateau).yaml
 demo: env-demo
 	$(VENV)/bin/tbhpc demo --config $(DEMO_CONFIG) model=$(MODEL) quick=$(if $(filter 1,$(QUICK)),true out=runs/demo-quick,false)
 

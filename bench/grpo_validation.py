@@ -10,7 +10,7 @@ seed 1001, eval split, x 16: warm_select.evaluate).
 
     python bench/grpo_validation.py [--out runs/grpo-validation] [--set key=value ...] [--variant NAME key=value ...]
 
---set: demo config overrides (jobs/demo-pack.yaml), e.g. candidates_seed=null (probe the bundled train split).
+--set: demo config overrides (jobs/demo-pack-plateau.yaml), e.g. candidates_seed=null (probe the bundled train split).
 
 Default variants: the demo's config and lr 3e-5. (Not clip-higher: on-policy with one update per step
 the ratio is 1 to within 1e-8, so no token is ever clipped and clip_high changes nothing.)
@@ -55,7 +55,7 @@ def main() -> int:
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="demo config overrides")
     args = ap.parse_args()
     con, out = Console(), args.out
-    cfg = load_config(DemoConfig, Path("jobs/demo-pack.yaml"), [f"out={out}", *args.set])
+    cfg = load_config(DemoConfig, Path("jobs/demo-pack-plateau.yaml"), [f"out={out}", *args.set])
     warm = cfg.warm_path
     if cfg.candidates_seed is not None:
         write_candidates(cfg)

@@ -25,7 +25,7 @@ from helpers import cpu_class
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["tasks=jobs/pools/smoke.yaml", "limit=6", "probe_repeats=4", "eval_repeats=3", "workers=1", "concurrency=16",
-         "max_tokens=64", "response_budget=256", "sft_baseline=true",
+         "max_tokens=64", "response_budget=256", "baselines=[sft]",
          "train={steps: 2, groups_per_step: 2, max_draws: 6, torch_threads: 1, episodes_in_flight: 16}"]
 
 
@@ -49,7 +49,7 @@ def _ids(path: Path) -> set[str]:
 
 def test_every_stage_leaves_its_artefacts(demo):
     out, log, _ = demo
-    for stage in ("1. policy", "2. probe", "3. select", "4. train", "4b. baseline", "5. evaluate", "6. report", "demo finished"):
+    for stage in ("1. policy", "2. probe", "3. select", "4. train", "4b. baselines", "5. evaluate", "6. report", "demo finished"):
         assert stage in log, stage
     for f in ("probe/results.duckdb", "pool.yaml", "train/exports/step-000002/config.json", "train/logs/train_steps.jsonl",
               "eval-warm/results.duckdb", "eval-trained/results.duckdb", "sft-baseline/config.json",
@@ -77,7 +77,7 @@ def test_the_pool_is_policy_relative_and_held_out_safe(demo, pack_tasks):
 def test_table1_is_computed_from_the_duckdb_results(demo):
     out, _, _ = demo
     summary = json.loads((out / "demo.json").read_text())
-    summary["table1"]["sft"] = summary["sft_baseline"]["summary"]
+    summary["table1"]["sft"] = summary["baselines"]["sft"]["summary"]
     for name, side in (("eval-warm", "warm"), ("eval-trained", "trained"), ("eval-sft", "sft")):
         con = duckdb.connect(str(out / name / "results.duckdb"), read_only=True)
         n, c = con.execute("SELECT count(*), sum(reward) FROM attempts WHERE status = 'ok'").fetchone()
@@ -92,12 +92,13 @@ def test_table1_is_computed_from_the_duckdb_results(demo):
                                            - summary["table1"]["warm"]["pass@1"]["value"])
     readme = (out / "report/README.md").read_text()
     assert "| pass@1 |" in readme and "observed 3/3" in readme and "collapse check" in readme
-    assert "## GRPO vs continued SFT" in readme and "| continued SFT |" in readme
-    vs = summary["grpo_vs_sft"]["held-out"]["pass@1"]
-    assert vs["grpo"] == pytest.approx(summary["table1"]["trained"]["pass@1"]["value"], abs=1e-6)
+    assert "## GRPO against its start and oracle SFT" in readme and "| warm start | GRPO | oracle SFT |" in readme
+    vs = summary["comparison"]["held-out"]["pass@1"]
+    assert vs["trained"] == pytest.approx(summary["table1"]["trained"]["pass@1"]["value"], abs=1e-6)
     assert vs["sft"] == pytest.approx(summary["table1"]["sft"]["pass@1"]["value"], abs=1e-6)
-    assert vs["grpo_minus_sft"]["delta"] == pytest.approx(vs["grpo"] - vs["sft"], abs=1e-6)
-    assert "fresh" not in summary["grpo_vs_sft"]          # the full pack has no fresh instances
+    assert vs["trained-sft"]["delta"] == pytest.approx(vs["trained"] - vs["sft"], abs=1e-6)
+    assert vs["trained-warm"]["delta"] == pytest.approx(vs["trained"] - vs["warm"], abs=1e-6)
+    assert "fresh" not in summary["comparison"]          # the full pack has no fresh instances
 
 
 def test_the_sft_baseline_had_grpos_time_and_moved_the_weights(demo):

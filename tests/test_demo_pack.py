@@ -125,9 +125,17 @@ def test_the_demo_pack_is_named_and_the_demo_config_checks_its_fields(demo_tasks
     from tbhpc.errors import UserError
     assert [t.id for t in load_pack("demo")] == [t.id for t in demo_tasks]
     assert tbhpc("tasks", "validate", "demo").startswith("OK: 4510 tasks")
-    assert DemoConfig().warm_path == "models/demo-pack-plateau" and DemoConfig(pack="full").warm_path == "models/demo-warm"
+    assert DemoConfig().warm_path == "models/demo-pack-warm" and DemoConfig(pack="full").warm_path == "models/demo-warm"
+    assert DemoConfig(start="plateau").warm_path == "models/demo-pack-plateau"
     with pytest.raises(UserError, match="fresh_seed"):
         DemoConfig(pack="full", fresh_seed=3)
+    with pytest.raises(UserError, match="'start' other than base needs model: tiny and pack: demo"):
+        DemoConfig(pack="full", start="plateau")
+    with pytest.raises(UserError, match="'start' must be one of base, plateau"):
+        DemoConfig(start="sft")
+    for bad in (["ppo"], ["rft", "rft"]):
+        with pytest.raises(UserError, match="'baselines' takes each of rft, sft at most once"):
+            DemoConfig(baselines=bad)
 
 
 def test_the_warm_start_gate_wants_the_band_and_no_type_at_0_or_100():

@@ -1,11 +1,12 @@
-"""`make demo` on the demo pack, shrunk: the committed SFT plateau (models/demo-pack-plateau) through
-probe -> select -> GRPO (and the continued-SFT baseline) -> eval -> fresh-seed eval -> Table 1,
-on an evenly spaced sample of 11 tasks per split (one per template) and 2 training steps. What it
-checks is the pipeline's bookkeeping on the pack `make demo` runs: the pool is a subset of the
-train split with no eval id, both Table 1s are what the DuckDB files say, the fresh instances are
-none of the pack's, the median oracle episode is printed and within the pack's 300-token budget
+"""`make demo` on the demo pack, shrunk: the committed base (models/demo-pack-warm) through
+probe -> select -> GRPO, RFT and SFT on oracle demonstrations for GRPO's time -> eval -> fresh-seed
+eval -> Table 1 and the comparison, on an evenly spaced sample of 11 tasks per split (one per
+template) and 2 training steps. What it checks is the pipeline's bookkeeping on the pack `make demo`
+runs: the pool is a subset of the train split with no eval id, RFT ran through the trainer on the
+same pool with GRPO's measured time, every table is what the DuckDB files say, the fresh instances
+are none of the pack's, the median oracle episode is printed and within the pack's 300-token budget
 with the committed tokenizer, and the export loads in transformers and serves in vLLM. The
-learning itself is measured by the README's full run, not here (2 steps move nothing measurable)."""
+learning itself is measured by docs/demo.md's full runs, not here (2 steps move nothing measurable)."""
 import json
 import os
 import re
@@ -24,10 +25,9 @@ from helpers import cpu_class
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-WARM = REPO / "models" / "demo-pack-warm"          # the gate's checkpoint: where the plateau's SFT continued from
-PLATEAU = REPO / "models" / "demo-pack-plateau"    # the demo's start (GRPO and the continued-SFT baseline)
+WARM = REPO / "models" / "demo-pack-warm"          # the base: the gate's checkpoint (the demo's start)
+PLATEAU = REPO / "models" / "demo-pack-plateau"    # `make demo START=plateau`'s start (its SFT continued from the base)
 SMALL = ["sample=11", "probe_repeats=4", "eval_repeats=3", "fresh_repeats=1", "fresh_per_template=3", "workers=1", "concurrency=16",
-         "sft_baseline=true", f"warm_start={WARM}",   # 11 tasks: the plateau solves all of them (empty pool)
          "train={steps: 2, groups_per_step: 2, max_draws: 8, torch_threads: 1, episodes_in_flight: 16}"]
 
 
@@ -67,15 +67,15 @@ def test_the_committed_plateau_is_where_held_out_pass_at_1_stopped_rising():
 
 def test_every_stage_runs_on_the_demo_pack(run):
     out, log = run
-    for stage in ("1. policy", "2. probe", "3. select", "4. train", "4b. baseline", "5. evaluate",
+    for stage in ("1. policy", "2. probe", "3. select", "4. train", "4b. baselines", "5. evaluate",
                   "5b. fresh instances", "6. report", "demo finished"):
         assert stage in log, stage
     median = re.search(r"an oracle episode is (\d+) tokens", log)
     assert median and int(median.group(1)) <= 300, log[:2000]
     for f in ("probe/results.duckdb", "pool.yaml", "train/exports/step-000002/config.json", "eval-warm/results.duckdb",
               "eval-trained/results.duckdb", "fresh-warm/results.duckdb", "fresh-trained/results.duckdb",
-              "fresh-pack-s2027-x3/eval_ids.txt", "sft-baseline/config.json", "eval-sft/results.duckdb", "fresh-sft/results.duckdb", "report/README.md",
-              "demo.json"):
+              "fresh-pack-s2027-x3/eval_ids.txt", "sft-baseline/config.json", "eval-sft/results.duckdb", "fresh-sft/results.duckdb",
+              "eval-rft/results.duckdb", "fresh-rft/results.duckdb", "report/README.md", "demo.json"):
         assert (out / f).exists(), f
 
 
@@ -112,18 +112,40 @@ def test_both_tables_are_what_the_duckdb_files_say(run):
         delta = table["compare"]["metrics"]["pass@1"]
         assert delta["delta"] == pytest.approx(table["trained"]["pass@1"]["value"] - table["warm"]["pass@1"]["value"])
     assert "## Fresh instances (generator seed 2027" in (out / "report/README.md").read_text()
-    # GRPO vs continued SFT: every figure read back from the three runs' files, on both splits
+    # the comparison: every run's figures read back from its files, on both splits, and each paired difference
     for split, prefix in (("held-out", "eval"), ("fresh", "fresh")):
-        got = summary["grpo_vs_sft"][split]
-        for side, run_name in (("start", "warm"), ("sft", "sft"), ("grpo", "trained")):
+        got = summary["comparison"][split]
+        for run_name in ("warm", "trained", "rft", "sft"):
             con = duckdb.connect(str(out / f"{prefix}-{run_name}" / "results.duckdb"), read_only=True)
             p1, kk = con.execute("SELECT avg(r), avg(CASE WHEN r = 1 THEN 1.0 ELSE 0.0 END) FROM (SELECT task_id, "
                                  "avg(reward) AS r FROM attempts WHERE status = 'ok' GROUP BY 1)").fetchone()
             con.close()
-            assert got["pass@1"][side] == pytest.approx(p1, abs=1e-6) and got["k/k"][side] == pytest.approx(kk, abs=1e-6)
-        d = got["pass@1"]["grpo_minus_sft"]
-        assert d["delta"] == pytest.approx(got["pass@1"]["grpo"] - got["pass@1"]["sft"], abs=1e-6) and d["lo"] <= d["hi"]
-    assert "## GRPO vs continued SFT" in (out / "report/README.md").read_text()
+            assert got["pass@1"][run_name] == pytest.approx(p1, abs=1e-6) and got["k/k"][run_name] == pytest.approx(kk, abs=1e-6)
+        for a, b in (("warm", "trained"), ("warm", "rft"), ("rft", "trained"), ("sft", "trained")):
+            d = got["pass@1"][f"{b}-{a}"]
+            assert d["delta"] == pytest.approx(got["pass@1"][b] - got["pass@1"][a], abs=1e-6) and d["lo"] <= d["hi"]
+    readme = (out / "report/README.md").read_text()
+    assert "## GRPO against RFT, its start and oracle SFT" in readme and "| base | GRPO | RFT | oracle SFT |" in readme
+    assert "needs demonstrations the checks do not give you" in readme
+
+
+def test_rft_ran_through_the_trainer_on_grpos_pool_for_grpos_time(run):
+    """RFT is `tbhpc train` with algorithm: rft: GRPO's config otherwise, its measured time as the
+    budget, the same pool, and every update made of the episodes whose check passed."""
+    from tbhpc.demo.baseline import grpo_seconds
+    out, log = run
+    grpo, rft = (yaml.safe_load((out / name / "config.yaml").read_text()) for name in ("train", "rft"))
+    assert rft["algorithm"] == "rft" and grpo["algorithm"] == "grpo"
+    assert rft["max_seconds"] == pytest.approx(grpo_seconds(out / "train"), abs=0.1)
+    same = {k for k in grpo if k not in ("name", "algorithm", "max_seconds")}
+    assert {k: rft[k] for k in same} == {k: grpo[k] for k in same}
+    pool = set(yaml.safe_load((out / "pool.yaml").read_text())["tasks"])
+    con = duckdb.connect(str(out / "rft/results.duckdb"), read_only=True)
+    assert {t for (t,) in con.execute("SELECT DISTINCT task_id FROM attempts").fetchall()} <= pool
+    steps = [json.loads(ln) for ln in (out / "rft/logs/train_steps.jsonl").read_text().splitlines()]
+    passed = dict(con.execute("SELECT train_step, sum(reward) FROM attempts GROUP BY 1").fetchall())
+    assert steps and all(s["loss_tokens"] > 0 for s in steps if passed.get(s["step"], 0) > 0)
+    assert any((out / "rft/exports").glob("step-*/config.json"))
 
 
 def test_the_export_loads_in_transformers_and_serves_in_vllm(run, tmp_path):

@@ -109,21 +109,34 @@ def test_a_sample_of_each_split_spans_every_domain_and_stays_in_its_split(tmp_pa
         DemoConfig(sample=3, tasks="jobs/pools/smoke.yaml")
 
 
-def test_the_grpo_vs_sft_table_pairs_grpo_against_sft_on_each_split():
-    from tbhpc.demo.comparison import Side, as_summary, comparison_markdown, template_markdown, template_rates, verdict
-    start, sft, grpo = (_counts(n, c, n=20) for n, c in (("start", [10, 18, 20, 5]), ("sft", [12, 19, 20, 4]),
-                                                          ("grpo", [20, 20, 20, 6])))
-    side = Side("held-out", 20, *(summarise(x, bootstrap=200) for x in (start, sft, grpo)), compare(sft, grpo, bootstrap=200))
+def test_the_comparison_pairs_grpo_against_its_start_and_each_baseline():
+    from tbhpc.demo.comparison import PAIRS, Side, as_summary, comparison_markdown, template_markdown, template_rates, verdict
+    counts = {key: _counts(key, c, n=20) for key, c in (("warm", [10, 18, 20, 5]), ("trained", [20, 20, 20, 6]),
+                                                        ("rft", [12, 19, 20, 4]), ("sft", [20, 20, 19, 20]))}
+    runs = {key: summarise(c, bootstrap=200) for key, c in counts.items()}
+    pairs = {(a, b): compare(counts[a], counts[b], bootstrap=200) for a, b in PAIRS}
+    side = Side("held-out", 20, runs, pairs, "base")
     lines = comparison_markdown([side]).splitlines()
-    assert lines[0] == "| split | metric | start | continued SFT | GRPO | GRPO - SFT, pts [paired 95%] |"
-    assert lines[2].startswith("| held-out | pass@1 | 66.2% [") and "| 68.8% [" in lines[2] and "| 82.5% [" in lines[2]
-    assert "| +13.8 [" in lines[2]                                    # (66 - 55) / 80 attempts
-    assert lines[3].startswith("| held-out | pass^20 (all 20 of 20) |") and "(1/4)" in lines[3] and "(3/4)" in lines[3]
-    assert "| +50.0 [" in lines[3] and lines[4].startswith("| held-out | pass@20 |")
-    assert "held-out: GRPO's pass^20 is" in verdict([side])
+    assert lines[0] == "held-out (4 tasks x 20):"
+    assert lines[2] == ("| metric | base | GRPO | RFT | oracle SFT | GRPO - base, pts | RFT - base, pts | GRPO - RFT, pts | "
+                        "GRPO - oracle SFT, pts |")
+    p1 = lines[4].split(" | ")
+    assert p1[0] == "| pass@1" and p1[1].startswith("66.2% [") and p1[2].startswith("82.5% [") and p1[3].startswith("68.8% [")
+    assert p1[5].startswith("+16.2 [") and p1[6].startswith("+2.5 [") and p1[7].startswith("+13.8 [")   # (66 - 55) / 80
+    assert p1[8].startswith("-16.2 [")                                 # (66 - 79) / 80
+    kk = lines[5].split(" | ")
+    assert kk[0] == "| pass^20 (all 20 of 20)" and "(1/4)" in kk[1] and "(3/4)" in kk[2] and "(1/4)" in kk[3]
+    assert kk[5].startswith("+50.0 [") and kk[7].startswith("+50.0 [") and lines[6].startswith("| pass@20 |")
+    said = verdict([side])
+    assert "held-out: GRPO's pass@1 is" in said and "GRPO - RFT on pass^20 +50.0 pts, >= 0" in said
+    assert "pass@20 +0.0 pts (within 2 pts)" in said
     kept = as_summary([side])["held-out"]
-    assert kept["k/k"]["sft"] == 0.25 and kept["k/k"]["grpo"] == 0.75 and kept["pass@1"]["grpo_minus_sft"]["delta"] > 0
+    assert kept["k/k"]["rft"] == 0.25 and kept["k/k"]["trained"] == 0.75 and kept["tasks"] == 4
+    assert kept["pass@1"]["trained-rft"]["delta"] == pytest.approx(kept["pass@1"]["trained"] - kept["pass@1"]["rft"])
     template_of = {"t0": "a/x", "t1": "a/x", "t2": "b/y", "t3": "b/y"}
-    md = template_markdown(*(template_rates(x, template_of) for x in (start, sft, grpo)), 20).splitlines()
-    assert md[2] == "| a/x | 2 | 0.70 | 0.78 | 1.00 | +0.22 | 0 / 0 / 2 |"
-    assert md[3] == "| b/y | 2 | 0.62 | 0.60 | 0.65 | +0.05 | 1 / 1 / 1 |"
+    md = template_markdown({key: template_rates(counts[key], template_of) for key in ("warm", "rft", "trained")}, 20,
+                           {"warm": "base", "rft": "RFT", "trained": "GRPO"}).splitlines()
+    assert md[0] == ("| task type | tasks | base pass@1 | RFT pass@1 | GRPO pass@1 | GRPO - base | GRPO - RFT | "
+                     "20/20: base / RFT / GRPO |")
+    assert md[2] == "| a/x | 2 | 0.70 | 0.78 | 1.00 | +0.30 | +0.22 | 0 / 0 / 2 |"
+    assert md[3] == "| b/y | 2 | 0.62 | 0.60 | 0.65 | +0.03 | +0.05 | 1 / 1 / 1 |"

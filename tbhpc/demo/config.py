@@ -1,12 +1,15 @@
-"""What `make demo` runs: one dataclass (jobs/demo.yaml, `key=value` overrides).
+"""What `make demo` runs: one dataclass (jobs/demo-pack.yaml, `key=value` overrides).
 
-The defaults (jobs/demo.yaml) are the published recipe scaled to one 2-core machine: the demo
-model the project built (the committed warm start models/demo-warm; `make warmstart-demo` regenerates it), probe
-n=8 on the train split, the Jeffreys pool, GRPO with groups of 8 (fewer groups per step and a
-larger learning rate than the 27B recipe: a 1M-parameter model on a CPU), and an evaluation of
-the warm start and the trained checkpoint on the held-out split x 20. `quick=true` keeps the old
-pipeline check: a noisy oracle instead of a model, no training. jobs/demo-smollm2.yaml scales
-the same pipeline down to what SmolLM2-135M costs here (`make demo MODEL=smollm2`).
+The defaults are the published recipe scaled to one 2-core machine: the demo model the project
+built, probe n=8, the Jeffreys pool, GRPO with groups of 8 (fewer groups per step and a larger
+learning rate than the 27B recipe: a 1M-parameter model on a CPU), and an evaluation of the start
+and the trained checkpoint on the held-out split x 20. `baselines` puts the alternatives beside
+GRPO for the same wall time from the same start: RFT (fine-tuning on the policy's own passed
+episodes: the same checks, nothing more) and SFT on oracle demonstrations (which a user with only
+checks does not have). `start` picks the start on the demo pack: `base`, a policy that sometimes
+succeeds (the published experiment), or `plateau`, the same policy fine-tuned on demonstrations
+until held-out pass@1 stopped rising (`make demo START=plateau`). `quick=true` is the pipeline
+check: a noisy oracle instead of a model, no training.
 """
 from __future__ import annotations
 
@@ -16,13 +19,17 @@ from typing import Any
 from tbhpc.errors import UserError
 
 MODELS = ("tiny", "smollm2")
+STARTS = ("base", "plateau")
+BASELINES = ("rft", "sft")      # rft: fine-tuning on its own passed episodes | sft: on oracle demonstrations
 
 
 @dataclass
 class DemoConfig:
     out: str = "runs/demo"
     model: str = "tiny"                 # tiny: the demo model built here | smollm2: SmolLM2-135M-Instruct
-    warm_start: str = ""                # default: models/demo-pack-plateau (tiny, demo pack; committed), models/demo-warm (full) or build/models/smollm2-warm
+    start: str = "base"                 # tiny model, demo pack: base (models/demo-pack-warm) | plateau (models/demo-pack-plateau)
+    warm_start: str = ""                # the start's directory; default: by `start` (tiny, demo pack; committed),
+                                        # models/demo-warm (full) or build/models/smollm2-warm
     quick: bool = False                 # pipeline check with a noisy oracle (no model, no training)
     pack: str | None = "demo"           # demo: the demo pack (sized for the demo model) | full (or null): the full pack | a path
     seed: int = 0
@@ -38,7 +45,7 @@ class DemoConfig:
     temperature: float = 1.0            # sampling temperature of probe, training rollouts and eval alike
     prices: str = "jobs/prices.yaml"    # USD per 1M tokens per role: cost per success / per reliable task
     train: dict[str, Any] = field(default_factory=dict)   # TrainConfig overrides (steps, groups_per_step, lr, ...)
-    sft_baseline: bool = False          # also continue the warm start's SFT for GRPO's wall time, and evaluate it
+    baselines: list[str] = field(default_factory=list)   # beside GRPO, same start and wall time: rft, sft (evaluated too)
     candidates_seed: int | None = None  # probe, select and train on train instances drawn with this seed, none of them an
                                         # instance of the bundled pack, whose train split the SFT plateau learnt from
     candidates_per_template: int = 80   # candidate instances of each template (11 templates)
@@ -70,6 +77,14 @@ class DemoConfig:
                             "its generator)")
         if self.candidates_per_template < 1:
             raise UserError("demo config: field 'candidates_per_template' must be >= 1")
+        if self.start not in STARTS:
+            raise UserError(f"demo config: field 'start' must be one of {', '.join(STARTS)}, got {self.start!r}")
+        if self.start != "base" and (self.model != "tiny" or self.pack != "demo"):
+            raise UserError("demo config: field 'start' other than base needs model: tiny and pack: demo")
+        bad = [b for b in self.baselines if b not in BASELINES]
+        if bad or len(set(self.baselines)) != len(self.baselines):
+            raise UserError(f"demo config: field 'baselines' takes each of {', '.join(BASELINES)} at most once, "
+                            f"got {self.baselines!r}")
         if self.fresh_seed is not None and self.pack != "demo":
             raise UserError("demo config: field 'fresh_seed' needs pack: demo (fresh instances come from its generator)")
 
@@ -78,5 +93,5 @@ class DemoConfig:
         if self.warm_start:
             return self.warm_start
         if self.model == "tiny":
-            return "models/demo-pack-plateau" if self.pack == "demo" else "models/demo-warm"
+            return f"models/demo-pack-{'warm' if self.start == 'base' else 'plateau'}" if self.pack == "demo" else "models/demo-warm"
         return "build/models/smollm2-warm" + ("-demo-pack" if self.pack == "demo" else "")

@@ -1,11 +1,12 @@
 """`make demo`: the published recipe end to end on one machine, with a model that learns.
 
-warm start (built once, cached) -> probe the train split (n per task) -> Jeffreys pool (eval ids
-excluded) -> GRPO (the trainer of `make train`, DeepSpeed on CPU, one rank) -> evaluate the warm
-start and the trained checkpoint on the held-out split (and, with sft_baseline=true, the warm start
-fine-tuned for GRPO's wall time: demo/baseline.py) -> Table 1, per-domain and per-task-type
-tables, plots. Every stage runs the same code a cluster runs (campaigns, select, `tbhpc train`),
-on the local executor, and every stage resumes: a second `make demo` reuses what is done.
+start (committed, or built once) -> probe candidates (n per task) -> Jeffreys pool (eval ids
+excluded) -> GRPO (the trainer of `make train`, DeepSpeed on CPU, one rank) -> the baselines for
+the same wall time from the same start (RFT through the same trainer, `algorithm: rft`; SFT on
+oracle demonstrations: demo/baseline.py) -> evaluate every model on the held-out split (and on
+fresh instances) -> Table 1, the paired comparison, per-domain and per-task-type tables, plots.
+Every stage runs the same code a cluster runs (campaigns, select, `tbhpc train`), on the local
+executor, and every stage resumes: a second `make demo` reuses what is done.
 """
 from __future__ import annotations
 
@@ -114,6 +115,16 @@ def train_config(cfg: DemoConfig, out: Path, warm: str) -> dict:
     return doc
 
 
+BASELINE_NAMES = {"rft": "RFT (fine-tuning on its own passed episodes: the same checks)",
+                  "sft": "SFT on oracle demonstrations (which the checks do not give you)"}
+
+
+def rft_config(tcfg: dict, seconds: float) -> dict:
+    """The RFT run: GRPO's config (pool, draws, rollouts, lr, engine) with `algorithm: rft`, ended by
+    GRPO's measured wall time (the run stops after the step that reaches it, as GRPO's did)."""
+    return {**tcfg, "name": "demo-rft", "algorithm": "rft", "max_seconds": round(seconds, 1)}
+
+
 def ensure_warm_start(cfg: DemoConfig, console: Console) -> str:
     """The warm start (committed for the demo model); built with the model's warm-start recipe
     (`tbhpc warmstart --recipe demo|smollm2`) if missing."""
@@ -127,7 +138,8 @@ def ensure_warm_start(cfg: DemoConfig, console: Console) -> str:
                         f"(for {cfg.pack}: tbhpc warmstart --size demo-pack --pack {cfg.pack} --split train --select ..., "
                         "then warm_start=DIR)")
     console.print(f"   warm start: building {warm} (SFT on oracle episodes of the train split; cached afterwards)")
-    recipe = {"tiny": "demo-pack-plateau" if cfg.pack == "demo" else "demo"}.get(cfg.model, cfg.model)
+    recipe = {"tiny": f"demo-pack{'-plateau' if cfg.start == 'plateau' else ''}" if cfg.pack == "demo" else "demo"}.get(
+        cfg.model, cfg.model)
     recipe += "-demo-pack" if cfg.model != "tiny" and cfg.pack == "demo" else ""
     cmd = [sys.executable, "-m", "tbhpc.cli", "warmstart", "--recipe", recipe, "--out", str(warm), "--seed", str(cfg.seed)]
     _stream(cmd, console)
@@ -166,7 +178,10 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
 
     s = time.perf_counter()
     model = "the demo model" if cfg.model == "tiny" else "SmolLM2-135M-Instruct"
-    console.print(f"[bold]1. policy[/]: {model}, warm-started on the train split")
+    how = ("fine-tuned on demonstrations until held-out pass@1 stopped rising (the plateau)" if cfg.start == "plateau"
+           else "warm-started on the train split" + (" until it passes about 60% of held-out tasks (the base)"
+                                                     if cfg.pack == "demo" and cfg.model == "tiny" else ""))
+    console.print(f"[bold]1. policy[/]: {model}, {how}")
     warm = ensure_warm_start(cfg, console)
     if cfg.pack == "demo":
         from transformers import AutoTokenizer
@@ -209,13 +224,19 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
     stage("train", s)
 
     policies = [("eval-warm", warm), ("eval-trained", trained)]
-    if cfg.sft_baseline:
+    if cfg.baselines:
         s = time.perf_counter()
-        console.print("[bold]4b. baseline[/]: continued SFT of the warm start for the same time")
-        policies.append(("eval-sft", sft_baseline(out, warm, out / "pool.yaml", float(tcfg["lr"]),
-                                                  grpo_seconds(out / "train"), int(tcfg["seed"]), console, _stream,
-                                                  tcfg["pack"], demo_pack=cfg.pack == "demo")))
-        stage("sft baseline", s)
+        seconds = grpo_seconds(out / "train")
+        console.print(f"[bold]4b. baselines[/] from the same start for GRPO's {seconds:.0f} s: "
+                      + ", ".join(BASELINE_NAMES[b] for b in cfg.baselines))
+        for b in cfg.baselines:
+            if b == "rft":
+                policies.append(("eval-rft", run_training(rft_config(tcfg, seconds), out / "rft", console)))
+            else:
+                policies.append(("eval-sft", sft_baseline(out, warm, out / "pool.yaml", float(tcfg["lr"]), seconds,
+                                                          int(tcfg["seed"]), console, _stream, tcfg["pack"],
+                                                          demo_pack=cfg.pack == "demo")))
+        stage("baselines", s)
 
     s = time.perf_counter()
     console.print(f"[bold]5. evaluate[/] {', '.join(n[5:] for n, _ in policies)} on the held-out eval split x {cfg.eval_repeats}")

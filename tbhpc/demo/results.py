@@ -1,5 +1,6 @@
-"""The demo's results: Table 1 (warm start vs trained on the held-out split), per domain, per
-task type with the collapse check, and the plots, all computed from the runs' DuckDB files.
+"""The demo's results: Table 1 (start vs GRPO on the held-out split), the comparison with the
+baselines (demo/comparison.py), per domain, per task type with the collapse check, and the plots,
+all computed from the runs' DuckDB files.
 
 `table1_markdown` is a pure function of two summaries and their paired comparison (golden-
 testable). Cost intervals: the campaign's total cost is fixed by its token counts, so the
@@ -13,8 +14,9 @@ from pathlib import Path
 from rich.console import Console
 
 from tbhpc.demo.behaviour import attempt_outcomes, global_collapse, task_kinds, type_markdown, type_table
-from tbhpc.demo.comparison import Side, as_summary, comparison_markdown, template_markdown, template_rates
-from tbhpc.demo.comparison import verdict as sft_verdict
+from tbhpc.demo.comparison import FOOTNOTE, LABELS, PAIRS, Side, as_summary, comparison_markdown, template_markdown
+from tbhpc.demo.comparison import template_rates
+from tbhpc.demo.comparison import verdict as goal_verdict
 from tbhpc.metrics import render
 from tbhpc.metrics.agg import compare, load_counts, load_prices, summarise
 from tbhpc.report import plots
@@ -45,7 +47,8 @@ def cost_rows(s: dict) -> tuple[str, str]:
     return per_success, per_reliable
 
 
-def table1_markdown(warm: dict, trained: dict, cmp: dict, k: int, label: str = "trained (GRPO)") -> str:
+def table1_markdown(warm: dict, trained: dict, cmp: dict, k: int, label: str = "trained (GRPO)",
+                    start: str = "warm start") -> str:
     """Table 1: warm start vs trained, with intervals and the paired difference."""
     m = cmp["metrics"]
 
@@ -58,7 +61,7 @@ def table1_markdown(warm: dict, trained: dict, cmp: dict, k: int, label: str = "
 
     ws, wr = cost_rows(warm)
     ts, tr = cost_rows(trained)
-    lines = [f"| metric ({warm['tasks']} held-out tasks x {k}) | warm start | {label} | Δ paired bootstrap 95% |",
+    lines = [f"| metric ({warm['tasks']} held-out tasks x {k}) | {start} | {label} | Δ paired bootstrap 95% |",
              "|---|---|---|---|",
              f"| pass@1 | {render.ci(warm['pass@1'])} | {render.ci(trained['pass@1'])} | {delta('pass@1')} |",
              f"| observed {k}/{k} (tasks) | {kk(warm)} | {kk(trained)} | {delta('k/k')} |"]
@@ -83,15 +86,25 @@ def domain_markdown(warm: dict, trained: dict) -> str:
     return "\n".join(lines)
 
 
-def sft_sides(out: Path, cfg, prices: dict | None) -> list[Side]:
-    """Held-out and (when run) fresh instances: start, continued SFT and GRPO, and GRPO - SFT paired."""
+def start_label(cfg) -> str:
+    """What the start is called in the report: the demo pack's base or plateau, else the warm start."""
+    if cfg.start == "plateau":
+        return "plateau"
+    return "base" if cfg.pack == "demo" and cfg.model == "tiny" else "warm start"
+
+
+def comparison_sides(out: Path, cfg, prices: dict | None) -> list[Side]:
+    """Held-out and (when run) fresh instances: every evaluated run of start, GRPO and the baselines,
+    and the paired differences of PAIRS among those that exist."""
     sides = []
     for prefix, label, k in (("eval", "held-out", cfg.eval_repeats), ("fresh", "fresh", cfg.fresh_repeats)):
-        runs = [out / f"{prefix}-{n}" for n in ("warm", "sft", "trained")]
-        if all((r / "results.duckdb").exists() for r in runs):
-            counts = [load_counts(RunDir(r)) for r in runs]
-            start, sft, grpo = (summarise(c, prices) for c in counts)
-            sides.append(Side(label, k, start, sft, grpo, compare(counts[1], counts[2])))
+        present = [key for key in LABELS if (out / f"{prefix}-{key}" / "results.duckdb").exists()]
+        if "warm" not in present or "trained" not in present or len(present) < 3:
+            continue
+        counts = {key: load_counts(RunDir(out / f"{prefix}-{key}")) for key in present}
+        runs = {key: summarise(c, prices) for key, c in counts.items()}
+        pairs = {(a, b): compare(counts[a], counts[b]) for a, b in PAIRS if a in counts and b in counts}
+        sides.append(Side(label, k, runs, pairs, start_label(cfg)))
     return sides
 
 
@@ -119,37 +132,39 @@ def write_results(out: Path, cfg, console: Console) -> dict:
     steps = read_steps(RunDir(out / "train"))
     images = [plots.train_curves(steps, report / "train_curves.png")] if steps else []
     runs = [("warm start", wc), ("trained", tc)]
-    sft_run = RunDir(out / "eval-sft")       # the continued-SFT baseline on the same plot, when there is one
-    k_runs = runs + ([("continued SFT", load_counts(sft_run))] if cfg.sft_baseline and sft_run.db.exists() else [])
+    names = {**LABELS, "warm": start_label(cfg)}
+    k_runs = [(names["warm"], wc), ("GRPO", tc)] + [(LABELS[b], load_counts(RunDir(out / f"eval-{b}"))) for b in cfg.baselines
+                                                     if (out / f"eval-{b}" / "results.duckdb").exists()]
     images += [plots.domain_bars(runs, report / "domains.png"), plots.k_curves(k_runs, report / "k_curves.png")]
-    t1 = table1_markdown(ws, ts, cmp, k)
+    t1 = table1_markdown(ws, ts, cmp, k, start=names["warm"])
     d1 = cmp["metrics"]["pass@1"]
-    verdict = ("the trained checkpoint beats the warm start (pass@1 interval excludes 0)" if d1["lo"] > 0 else
+    verdict = (f"the trained checkpoint beats the {names['warm']} (pass@1 interval excludes 0)" if d1["lo"] > 0 else
                "no significant pass@1 gain (the paired interval includes 0)" if d1["hi"] >= 0 else
-               "the trained checkpoint is WORSE than the warm start")
+               f"the trained checkpoint is WORSE than the {names['warm']}")
     baseline, summary_extra = [], {}
-    if cfg.sft_baseline and (out / "eval-sft" / "results.duckdb").exists():
-        sides = sft_sides(out, cfg, prices)
+    sides = comparison_sides(out, cfg, prices) if cfg.baselines else []
+    if sides:
         template_of = {tid: f"{dom}/{template}" for tid, (template, dom, _, _) in kinds.items()}
-        per_type = template_markdown(*(template_rates(load_counts(RunDir(out / f"eval-{n}")), template_of)
-                                       for n in ("warm", "sft", "trained")), k)
-        baseline = ["## GRPO vs continued SFT, both from the warm start, for the same wall time", "",
-                    "Continued SFT: the warm start fine-tuned further on oracle episodes of the pool's tasks, at "
-                    f"GRPO's lr, for as long as the GRPO run took (`{sides[0].sft['policy_id']}`). Paired over tasks, "
-                    "GRPO - SFT.", "", comparison_markdown(sides), "", sft_verdict(sides) + ".", "",
-                    f"Per task type (held-out, {k} repeats):", "", per_type, ""]
-        summary_extra = {"grpo_vs_sft": as_summary(sides), "sft_baseline": {"summary": sides[0].sft}}
+        rates = {key: template_rates(load_counts(RunDir(out / f"eval-{key}")), template_of) for key in sides[0].runs}
+        with_rft = "rft" in sides[0].runs
+        baseline = ["## GRPO against " + ("RFT, " if with_rft else "") + "its start" + (" and oracle SFT" if "sft" in sides[0].runs else "")
+                    + ", all from the same start, for the same wall time", "",
+                    FOOTNOTE + " Paired over tasks (bootstrap 95%).", "", comparison_markdown(sides), "",
+                    goal_verdict(sides), "",
+                    f"Per task type (held-out, {k} repeats):", "", template_markdown(rates, k, names), ""]
+        summary_extra = {"comparison": as_summary(sides),
+                         "baselines": {key: {"summary": sides[0].runs[key]} for key in sides[0].runs if key in ("rft", "sft")}}
     fresh = []
     if (out / "fresh-trained" / "results.duckdb").exists():
         fw, ft = load_counts(RunDir(out / "fresh-warm")), load_counts(RunDir(out / "fresh-trained"))
         fws, fts, fcmp = summarise(fw, prices), summarise(ft, prices), compare(fw, ft)
         fresh = [f"## Fresh instances (generator seed {cfg.fresh_seed}, drawn after training)", "",
                  "The same templates, instances nobody trained, tuned or selected on.", "",
-                 table1_markdown(fws, fts, fcmp, cfg.fresh_repeats), ""]
+                 table1_markdown(fws, fts, fcmp, cfg.fresh_repeats, start=start_label(cfg)), ""]
         summary_extra["fresh"] = {"seed": cfg.fresh_seed, "warm": fws, "trained": fts, "compare": fcmp}
     md = "\n".join([
         "# tbhpc demo: GRPO on the policy-relative pool, evaluated on held-out tasks", "",
-        f"Warm start `{wc.policy_id}` vs trained `{tc.policy_id}`; {verdict}.", "",
+        f"{names['warm'].capitalize()} `{wc.policy_id}` vs trained `{tc.policy_id}`; {verdict}.", "",
         "## Table 1", "", t1, "", *fresh, *baseline,
         "## Per domain", "", domain_markdown(ws, ts), "",
         "## Per task type (collapse check)", "",
@@ -166,7 +181,7 @@ def write_results(out: Path, cfg, console: Console) -> dict:
         console.print(baseline[0][3:])
         console.print(baseline[4])
         console.print(baseline[6])
-        console.print(baseline[10])
+        console.print(baseline[8] + "\n" + baseline[10])
     console.print(f"   {verdict}; task types flagged by the collapse check: {len(flagged)}" + (f" ({collapse})" if collapse else ""))
     console.print("   plots: " + ", ".join(str(p) for p in images))
     return {"table1": {"warm": ws, "trained": ts, "compare": cmp}, "types_flagged": [r.template for r in flagged],
