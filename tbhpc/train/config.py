@@ -47,6 +47,13 @@ class TrainConfig:
     max_draws: int = 0                    # cap on groups drawn per step (replacement of zero-variance ones); 0 = 4 x B
     max_reruns: int = 3                   # system-error re-runs per episode before its group is dropped
     draw_ahead: int = -1                  # groups in flight beyond the B a step could still keep (-1: no bound)
+    # the curriculum (train/curriculum.py): when the mixed-group share over the last refresh_window steps falls
+    # below refresh_below, tasks whose groups since the last refresh put them outside the pool's bands leave,
+    # and as many candidates of refresh_pool join (refresh_size: that many instead). 0: the pool never changes
+    refresh_below: float = 0.0
+    refresh_window: int = 10
+    refresh_pool: str = ""                # candidate task ids (a pool file or id list); empty: re-band only
+    refresh_size: int = 0
     # 0: on-policy, rollouts wait for the previous update. 1: one step off-policy, step s+1's rollouts are
     # generated (from the newest verified weights, at least step s-1's) while step s updates; older refused
     max_staleness: int = 0
@@ -145,6 +152,13 @@ class TrainConfig:
                 raise UserError(f"train config: field {name!r} must be >= 1, got {getattr(self, name)!r}")
         if self.group_size < 2:
             raise UserError("train config: field 'group_size' must be >= 2 (a group of one has no baseline)")
+        if not (_finite(self.refresh_below) and 0.0 <= self.refresh_below <= 1.0):
+            raise UserError(f"train config: field 'refresh_below' must be within [0, 1] (0: off), got {self.refresh_below!r}")
+        if self.refresh_window < 1 or self.refresh_size < 0:
+            raise UserError("train config: fields 'refresh_window' (>= 1) and 'refresh_size' (>= 0) are out of range, "
+                            f"got {self.refresh_window!r} and {self.refresh_size!r}")
+        if self.refresh_pool and not self.refresh_below:
+            raise UserError("train config: field 'refresh_pool' needs refresh_below > 0 (when to refresh the pool)")
         if self.draw_ahead < -1:
             raise UserError(f"train config: field 'draw_ahead' must be >= 0, or -1 (no bound), got {self.draw_ahead!r}")
         if self.max_staleness not in (0, 1):
@@ -272,6 +286,8 @@ class TrainConfig:
             raise UserError(f"{source}: field 'pool' is required (the pool file `tbhpc select` wrote)")
         if not Path(self.pool).is_file():
             raise UserError(f"{source}: field 'pool': {self.pool} is not a file (the pool file `tbhpc select` wrote)")
+        if self.refresh_pool and not Path(self.refresh_pool).is_file():
+            raise UserError(f"{source}: field 'refresh_pool': {self.refresh_pool} is not a file (a pool file or task-id list)")
         if self.servers and not Path(self.servers).is_file():
             raise UserError(f"{source}: field 'servers': {self.servers} is not a file (the MCP servers file)")
         if self.model.startswith(("/", ".", "~")) and not Path(self.model).expanduser().is_dir():

@@ -33,7 +33,7 @@ def load_pool(pool_file: str | Path, exclude_files: list[str] | None = None) -> 
     return ids
 
 
-def _rng(*parts: int) -> np.random.Generator:
+def seeded_rng(*parts: int) -> np.random.Generator:
     digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
     return np.random.default_rng(int.from_bytes(digest[:8], "big"))
 
@@ -41,10 +41,10 @@ def _rng(*parts: int) -> np.random.Generator:
 def draw(pool: list[str], seed: int, step: int, index: int) -> str:
     """The task of draw `index` in step `step`."""
     cycle, pos = divmod(index, len(pool))
-    order = _rng(seed, step, cycle).permutation(len(pool))
+    order = seeded_rng(seed, step, cycle).permutation(len(pool))
     return pool[int(order[pos])]
 
 
 def episode_seed(seed: int, step: int, index: int) -> int:
     """Base seed of draw `index`'s episodes (attempt i uses base + i)."""
-    return int(_rng(seed, step, index, 7).integers(0, 2**31 - 2**16))
+    return int(seeded_rng(seed, step, index, 7).integers(0, 2**31 - 2**16))

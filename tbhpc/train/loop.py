@@ -32,6 +32,7 @@ from pathlib import Path
 from tbhpc.errors import TbhpcError, UserError
 from tbhpc.serve.checkpoints import BASE_VERSION, published, version_name
 from tbhpc.train.config import TrainConfig
+from tbhpc.train.curriculum import Curriculum, evidence, record_refresh
 from tbhpc.train.draw import load_pool
 from tbhpc.train.engine import DistEnv, Engine
 from tbhpc.train.jobs import preemption_margin, start_export_eval, stop_serving_job
@@ -81,7 +82,12 @@ class Trainer:
         self.stop = threading.Event()
         from tbhpc.campaign.config import CampaignConfig, select_tasks
         pool = load_pool(cfg.pool, cfg.exclude)
-        tasks = select_tasks(CampaignConfig(pack=cfg.pack, tasks=cfg.pool, split="all", servers=cfg.servers))
+        candidates = load_pool(cfg.refresh_pool, cfg.exclude) if cfg.refresh_pool else []
+        tasks = {t.id: t for f in [cfg.pool] + ([cfg.refresh_pool] if candidates else [])
+                 for t in select_tasks(CampaignConfig(pack=cfg.pack, tasks=f, split="all", servers=cfg.servers))}
+        tasks = list(tasks.values())
+        self.curriculum = Curriculum(pool, candidates, cfg.seed, cfg.refresh_below, cfg.refresh_window, cfg.group_size,
+                                     cfg.refresh_size, cfg.max_staleness)
         from tbhpc.agents import check_judge
         from tbhpc.env.registry import Environments, preflight
         check_judge(tasks, cfg.judge, skip_field=False)
@@ -103,7 +109,8 @@ class Trainer:
                                   group_size=cfg.group_size, seed=cfg.seed, max_reruns=cfg.max_reruns,
                                   max_staleness=cfg.max_staleness, episodes_in_flight=cfg.in_flight_per_rank(self.env.world) if cfg.generator != "local" else 1,
                                   overlong=(cfg.response_budget, cfg.overlong_buffer, cfg.overlong_penalty),
-                                  min_group_std=cfg.min_group_std, algorithm=cfg.algorithm)
+                                  min_group_std=cfg.min_group_std, algorithm=cfg.algorithm,
+                                  pool_at=self.curriculum.pool_at)
         self.guard = CollapseGuard(cfg.guard_length, cfg.guard_entropy, cfg.guard_window, cfg.guard_reference or None)
         self.lr_scale, self.stopped = 1.0, ""
         self.elapsed_s = self.spent_s = 0.0      # wall time of the finished steps / up to this step's update (resumes included)
@@ -266,6 +273,7 @@ class Trainer:
         episodes, adv, filtered = self._advantages(kept)
         episodes, adv, too_long = self._within_plan(step, episodes, adv)
         self._record_attempts(step, mine)
+        refresh = self.curriculum.observe(step, *evidence(mine, self.env.world))   # before the checkpoint that keeps it
         health = RolloutHealth.from_list(self.eng.all_reduce(RolloutHealth.of(r for g in mine for r in g.rollouts).as_list()))
         verdict = self.guard.check(health) if self.guard.active else ""
         if self.guard.active and not verdict:
@@ -302,8 +310,11 @@ class Trainer:
         row.update(gen_tokens=health.length, entropy=health.entropy, overlong=health.overlong / max(health.episodes, 1),
                    filtered=int(self.eng.all_reduce([filtered])[0]), too_long=int(self.eng.all_reduce([too_long])[0]),
                    guard=action,
-                   lr=cfg.lr * self.lr_scale)
+                   lr=cfg.lr * self.lr_scale, pool_version=self.curriculum.version_at(step),
+                   pool_size=len(self.ctx.pool_for(step)))
         if self.rank0:
+            if refresh:
+                self.log(record_refresh(self.run_path, refresh))
             record_step(self.run, row)
             from tbhpc.store.merge import merge
             merge(self.run)
@@ -393,6 +404,7 @@ class Trainer:
         self.guard.restore(client.get("guard"))
         self.lr_scale, self.stopped = float(client.get("lr_scale", 1.0)), str(client.get("stopped", ""))
         self.elapsed_s = float(client.get("elapsed_s", 0.0))
+        self.curriculum.restore(client.get("curriculum"))
         self.out_of_time = bool(self.cfg.max_seconds) and self.elapsed_s >= self.cfg.max_seconds
         if self.lr_scale != 1.0:
             self.eng.set_lr(self.cfg.lr * self.lr_scale)
@@ -421,7 +433,7 @@ class Trainer:
         d = self.run_path / "ds_checkpoints"
         self.eng.save(str(d), version_name(step), {"step": step, "seed": self.cfg.seed, "guard": self.guard.state(),
                                                    "lr_scale": self.lr_scale, "stopped": self.stopped,
-                                                   "elapsed_s": self.spent_s})
+                                                   "elapsed_s": self.spent_s, "curriculum": self.curriculum.state()})
         if self.rank0:
             tags = sorted(p for p in d.glob("step-*") if p.is_dir())
             for old in tags[:-self.cfg.keep_checkpoints]:

@@ -62,6 +62,7 @@ STEP_COLUMNS: dict[str, str] = {
     # update's peak memory on its busiest rank (GPU: allocated by torch; CPU: resident), beside `tbhpc plan`
     "policy_entropy": "DOUBLE", "peak_gb": "DOUBLE",
     "too_long": "INTEGER",      # samples longer than the plan's longest trainable episode, left out of the update
+    "pool_version": "INTEGER", "pool_size": "INTEGER",   # the curriculum's pool this step drew from (0: the selected one)
 }
 
 

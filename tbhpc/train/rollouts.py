@@ -58,6 +58,10 @@ class RolloutContext:
     overlong: tuple[int, int, float] = (0, 0, 0.0)   # (response budget, buffer, penalty): stability.shaped_rewards
     min_group_std: float = 0.0   # a group below this reward std is flat (replaced)
     algorithm: str = "grpo"      # rft: a group is kept when one of its checks passed (train/rft.py)
+    pool_at: object = None       # step -> the pool its draws use (train/curriculum.py); None: `pool` throughout
+
+    def pool_for(self, step: int) -> list[str]:
+        return self.pool if self.pool_at is None else self.pool_at(step)
 
 
 def run_rank_rollouts(ctx: RolloutContext, queue: DrawQueue, step: int, expected_version: int,
@@ -98,7 +102,7 @@ def run_rank_rollouts(ctx: RolloutContext, queue: DrawQueue, step: int, expected
 def _run_group(ctx: RolloutContext, episodes: ThreadPoolExecutor, queue: DrawQueue, step: int, index: int,
                expected_version: int, stop: threading.Event) -> GroupOutcome:
     t0 = time.monotonic()
-    task = ctx.tasks[draw(ctx.pool, ctx.seed, step, index)]
+    task = ctx.tasks[draw(ctx.pool_for(step), ctx.seed, step, index)]
     domain = ctx.env_of(task)
     base = episode_seed(ctx.seed, step, index)
 
