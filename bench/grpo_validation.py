@@ -8,9 +8,12 @@ SFT at that lr for the GRPO run's wall time (the demo's baseline rule); every mo
 included, is evaluated on the validation instances the plateau itself was chosen on (demo pack
 seed 1001, eval split, x 16: warm_select.evaluate).
 
-    python bench/grpo_validation.py [--out runs/grpo-validation] [--set key=value ...] [--variant NAME key=value ...]
+    python bench/grpo_validation.py [--config C] [--out runs/grpo-validation] [--set key=value ...] [--no-sft]
+                                    [--variant NAME key=value ...]
 
---set: demo config overrides (jobs/demo-pack-plateau.yaml), e.g. candidates_seed=null (probe the bundled train split).
+--config: the demo config (default jobs/demo-pack-plateau.yaml, where these settings were chosen; jobs/demo-pack.yaml
+from the base). --set: its overrides, e.g. candidates_seed=null (probe the bundled train split). An RFT variant:
+--variant rft algorithm=rft.
 
 Default variants: the demo's config and lr 3e-5. (Not clip-higher: on-policy with one update per step
 the ratio is 1 to within 1e-8, so no token is ever clipped and clip_high changes nothing.)
@@ -53,9 +56,12 @@ def main() -> int:
                     help="a variant: its name, then train.* overrides (repeatable)")
     ap.add_argument("--repeats", type=int, default=16)
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="demo config overrides")
+    ap.add_argument("--config", type=Path, default=Path("jobs/demo-pack-plateau.yaml"),
+                    help="the demo config (jobs/demo-pack.yaml: from the base; RFT: --variant rft algorithm=rft)")
+    ap.add_argument("--no-sft", action="store_true", help="no continued-SFT run per lr")
     args = ap.parse_args()
     con, out = Console(), args.out
-    cfg = load_config(DemoConfig, Path("jobs/demo-pack-plateau.yaml"), [f"out={out}", *args.set])
+    cfg = load_config(DemoConfig, args.config, [f"out={out}", *args.set])
     warm = cfg.warm_path
     if cfg.candidates_seed is not None:
         write_candidates(cfg)
@@ -71,7 +77,7 @@ def main() -> int:
             f.write_text(json.dumps(evaluate(model, val, out / name / "validation", args.repeats, cfg.workers)))
         return json.loads(f.read_text())
 
-    rows = {"plateau": validate("plateau", warm)}
+    rows = {"start": validate("plateau" if cfg.start == "plateau" else "start", warm)}
     sft_done: dict[float, str] = {}
     for name, pairs in parse_variants(args.variant).items():
         tcfg = train_config(cfg, out, warm)
@@ -80,12 +86,12 @@ def main() -> int:
         rows[f"grpo {name}"] = validate(name, run_training(tcfg, run, con))
         rows[f"grpo {name}"]["train_s"] = grpo_seconds(run)
         lr = float(tcfg["lr"])
-        if lr not in sft_done:
+        if lr not in sft_done and not args.no_sft:
             sft_done[lr] = name
             model = sft_baseline(out / f"sft-lr{lr:g}", warm, out / "pool.yaml", lr, grpo_seconds(run),
                                  int(tcfg["seed"]), con, _stream, tcfg["pack"], demo_pack=True)
             rows[f"sft lr {lr:g}"] = validate(f"sft-lr{lr:g}", model)
-    types = sorted(rows["plateau"]["per_type"])
+    types = sorted(rows["start"]["per_type"])
     lines = ["| model | validation pass@1 | " + " | ".join(t.replace("demo_", "") for t in types) + " |",
              "|---|---|" + "---|" * len(types)]
     for name, r in rows.items():
