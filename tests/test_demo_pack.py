@@ -13,6 +13,8 @@ from tbhpc.domains import DEMO_DOMAIN_NAMES, catalogs, get_domain
 from tbhpc.domains.demo.pack import DEMO_SEED, TRAIN_PER_TEMPLATE, constant_ceilings, demo_instances, fingerprint
 from tbhpc.tasks.loader import default_pack_dir, load_exclusions, load_pack, validate_tasks
 
+REPO = Path(__file__).resolve().parents[1]
+
 PACK = default_pack_dir().parent / "demo"
 
 
@@ -241,3 +243,17 @@ def test_candidate_instances_avoid_every_instance_of_the_bundled_pack(tmp_path: 
     assert write_candidates(cfg) == path and (path / "demo_retail.yaml").read_bytes() == first
     with pytest.raises(UserError, match="candidates_seed"):
         DemoConfig(pack="full", candidates_seed=11)
+
+
+def test_make_demo_runs_the_base_experiment_and_start_plateau_the_plateau_one():
+    """`make demo` is the published experiment (the base, RFT and oracle SFT beside GRPO); `make demo
+    START=plateau` the plateau one; both configs load as the demo loads them and name committed starts."""
+    from tbhpc.config import load_config
+    from tbhpc.demo.config import DemoConfig
+    for start, config in (("base", "jobs/demo-pack.yaml"), ("plateau", "jobs/demo-pack-plateau.yaml")):
+        make = subprocess.run(["make", "-n", "demo", f"START={start}"], cwd=REPO, capture_output=True, text=True, check=True)
+        assert f"--config {config} " in make.stdout, make.stdout
+        cfg = load_config(DemoConfig, REPO / config, [])
+        assert cfg.start == start and (REPO / cfg.warm_path / "config.json").exists()
+        assert cfg.baselines == (["rft", "sft"] if start == "base" else ["sft"])
+        assert cfg.train["max_seconds"] > 0 and cfg.candidates_seed is not None
