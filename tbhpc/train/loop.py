@@ -23,7 +23,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from datetime import datetime, timezone
