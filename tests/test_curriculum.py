@@ -36,7 +36,16 @@ def test_a_refresh_retires_tasks_outside_the_bands_and_admits_as_many_candidates
     assert len(rec["admitted"]) == 3 and set(rec["admitted"]) <= set(CANDIDATES)
     assert cur.pool_at(3) == ["c", *rec["admitted"]] and cur.pool_at(2) == POOL      # from the next step on
     assert cur.version_at(3) == 1 and rec["from_step"] == 3
-    assert cur.tallies == {} and cur.shares == []                                   # fresh evidence for the new pool
+    assert cur.tallies == {"c": [[4, 8]]} and cur.shares == []      # what stays keeps its record, the window starts anew
+
+
+def test_a_task_is_judged_on_its_last_groups_only():
+    cur = _cur(window=1, below=0.6, min_n=16, memory=2)
+    cur.observe(1, [("a", 4, 8)], mixed=1, decided=1)
+    cur.observe(2, [("a", 8, 8), ("b", 3, 8)], mixed=1, decided=2)
+    assert cur.tallies["a"] == [[4, 8], [8, 8]] and "a" in cur.current      # 12/16: easy, it stays
+    rec = cur.observe(3, [("a", 8, 8)], mixed=0, decided=1)                  # the last two groups: 16/16
+    assert cur.tallies.get("a") is None and "a" in rec["retired"] and "b" not in rec["retired"]   # b: 8 episodes < 16
 
 
 def test_a_task_without_a_group_of_evidence_is_not_judged():

@@ -18,7 +18,7 @@ POOL = ["consulting-access_request-000", "consulting-leave_balance-001"]   # the
 CANDIDATES = [f"consulting-leave_balance-00{i}" for i in (3, 4, 5, 6)]
 ARGS = ["generator=local", "steps=4", "group_size=4", "groups_per_step=1", "max_draws=3", "max_tokens=32",
         "response_budget=96", "lr=1e-4", "microbatch_tokens=4096", "seed=5",
-        "refresh_below=1.0", "refresh_window=1"]     # any step without a mixed group refreshes the pool
+        "refresh_below=1.0", "refresh_window=1", "refresh_size=2"]   # any step without a mixed group: 2 candidates join
 
 
 def _cmd(run: Path, warm_dir, files: dict) -> list[str]:

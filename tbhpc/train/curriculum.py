@@ -7,13 +7,17 @@ demo's 300-step run from the plateau measured exactly that: the mixed-group shar
 to 0 and 165 of 300 steps made no update. prime-rl keeps difficulty pools for this reason.
 
 How, with nothing but the trainer's own groups as evidence (a group of G is a probe of n = G):
-- every decided group (mixed or flat; a dropped group is a system error, never evidence) adds
-  (passes, episodes) to its task's tally since the last refresh;
+- every decided group (mixed or flat; a dropped group is a system error, never evidence) is kept
+  as (passes, episodes) in its task's record of its last `memory` groups (older ones came from an
+  older policy);
 - when the mixed share over the last `window` steps falls below `below`, the pool is refreshed:
-  each task with at least `min_n` episodes of evidence is re-banded with the probe's Jeffreys bands
-  (selection/bands.py) and leaves the pool when it lands outside hard/medium/easy; the same number
-  of candidates (or `size`) joins, taken in a seeded order from the candidate list; past the end
-  of the list a new order begins, so a candidate retired earlier is probed again by a newer policy;
+  each task with at least `min_n` episodes in its record is re-banded with the probe's Jeffreys
+  bands (selection/bands.py) and leaves the pool when it lands outside hard/medium/easy; the same
+  number of candidates (or `size`) joins, taken in a seeded order from the candidate list; past
+  the end of the list a new order begins, so a candidate retired earlier is probed again by a
+  newer policy. Why two groups of evidence by default, not the probe's one: a task with p = 0.9
+  passes 8 of 8 in 43% of its groups, and one that leaves for that is usually replaced by a
+  candidate that is easier still (a policy near its plateau solves most candidates);
 - a refresh decided after step s applies from step s + 1 + max_staleness (the rollouts of the
   steps in between were drawn already), and the whole state is in the checkpoint, so a resumed
   run draws exactly what an uninterrupted one drew: draws are a pure function of (seed, step,
@@ -38,12 +42,13 @@ class Curriculum:
     seed: int
     below: float                        # refresh when the mixed share over `window` steps is below this
     window: int
-    min_n: int                          # episodes of evidence a task needs to be re-banded (a group)
+    min_n: int                          # episodes of evidence a task needs to be re-banded (the trainer: two groups)
     size: int = 0                       # candidates admitted per refresh (0: as many as retired)
     lag: int = 0                        # max_staleness: steps already drawn when a refresh is decided
     version: int = 0
     pools: list[tuple[int, int, list[str]]] = field(default_factory=list)   # (first step, version, pool), in order
-    tallies: dict[str, list[int]] = field(default_factory=dict)        # task -> [passes, episodes]
+    tallies: dict[str, list[list[int]]] = field(default_factory=dict)  # task -> its last groups' [passes, episodes]
+    memory: int = 4                     # groups kept per task
     shares: list[list[int]] = field(default_factory=list)              # [mixed, decided] of recent steps
     cycle: int = 0
     cursor: int = 0
@@ -76,9 +81,7 @@ class Curriculum:
         """Step `step`'s decided groups as (task, passes, episodes) and its mixed/decided counts (all
         ranks'); returns the refresh record when this step triggers one, else None."""
         for task, k, n in groups:
-            t = self.tallies.setdefault(task, [0, 0])
-            t[0] += int(k)
-            t[1] += int(n)
+            self.tallies[task] = (self.tallies.get(task, []) + [[int(k), int(n)]])[-self.memory:]
         self.shares = (self.shares + [[int(mixed), int(decided)]])[-self.window:]
         if self.below <= 0 or len(self.shares) < self.window:
             return None
@@ -87,11 +90,12 @@ class Curriculum:
 
     def refresh(self, step: int, share: float) -> dict:
         pool = self.current
-        judged = [t for t in pool if self.tallies.get(t, [0, 0])[1] >= self.min_n]
+        evidence = {t: np.sum(self.tallies[t], axis=0) for t in pool if t in self.tallies}
+        judged = [t for t in pool if t in evidence and evidence[t][1] >= self.min_n]
         retired: list[str] = []
         if judged:
-            k = np.array([self.tallies[t][0] for t in judged])
-            n = np.array([self.tallies[t][1] for t in judged])
+            k = np.array([evidence[t][0] for t in judged])
+            n = np.array([evidence[t][1] for t in judged])
             bands = assign(k, n)[0]
             retired = [t for t, b in zip(judged, bands) if BAND_NAMES[int(b)] not in DEFAULT_KEEP]
         gone = set(retired)
@@ -104,7 +108,9 @@ class Curriculum:
         self.version += 1
         self.pools.append((step + 1 + self.lag, self.version, new))
         self.pools = self.pools[-(self.lag + 2):]        # the pools still to be drawn from, and the one before
-        self.tallies, self.shares = {}, []
+        staying = set(new)
+        self.tallies = {t: v for t, v in self.tallies.items() if t in staying}   # what stays keeps its record
+        self.shares = []
         return {"step": step, "from_step": step + 1 + self.lag, "version": self.version, "mixed_share": round(share, 4),
                 "retired": retired, "admitted": admitted, "pool": len(new), **({"note": note} if note else {})}
 
@@ -129,7 +135,7 @@ class Curriculum:
     # ---- checkpoint --------------------------------------------------------------------------
     def state(self) -> dict:
         return {"version": self.version, "pools": [[first, v, list(p)] for first, v, p in self.pools],
-                "tallies": {t: list(v) for t, v in self.tallies.items()}, "shares": [list(s) for s in self.shares],
+                "tallies": {t: [list(g) for g in v] for t, v in self.tallies.items()}, "shares": [list(s) for s in self.shares],
                 "cycle": self.cycle, "cursor": self.cursor}
 
     def restore(self, state: dict | None) -> None:
@@ -137,7 +143,7 @@ class Curriculum:
             return
         self.version, self.cycle, self.cursor = int(state["version"]), int(state["cycle"]), int(state["cursor"])
         self.pools = [(int(first), int(v), list(p)) for first, v, p in state["pools"]]
-        self.tallies = {t: [int(a), int(b)] for t, (a, b) in state["tallies"].items()}
+        self.tallies = {t: [[int(a), int(b)] for a, b in v] for t, v in state["tallies"].items()}
         self.shares = [[int(a), int(b)] for a, b in state["shares"]]
 
 

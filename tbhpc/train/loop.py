@@ -85,7 +85,7 @@ class Trainer:
         tasks = {t.id: t for f in [cfg.pool] + ([cfg.refresh_pool] if candidates else [])
                  for t in select_tasks(CampaignConfig(pack=cfg.pack, tasks=f, split="all", servers=cfg.servers))}
         tasks = list(tasks.values())
-        self.curriculum = Curriculum(pool, candidates, cfg.seed, cfg.refresh_below, cfg.refresh_window, cfg.group_size,
+        self.curriculum = Curriculum(pool, candidates, cfg.seed, cfg.refresh_below, cfg.refresh_window, 2 * cfg.group_size,
                                      cfg.refresh_size, cfg.max_staleness)
         from tbhpc.agents import check_judge
         from tbhpc.env.registry import Environments, preflight
