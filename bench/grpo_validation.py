@@ -33,6 +33,8 @@ from tbhpc.demo.baseline import grpo_seconds, sft_baseline
 from tbhpc.demo.config import DemoConfig
 from tbhpc.demo.pipeline import _stream, campaign, eval_ids_file, run_training, train_config, write_candidates
 from tbhpc.selection.pool import SelectConfig, run_select
+from tbhpc.store.run_dir import RunDir
+from tbhpc.train.record import read_steps
 from tbhpc.train.warm_select import evaluate, validation_pack
 
 DEFAULT_VARIANTS = {"demo": [], "lr3e-5": ["lr=3.0e-5"]}
@@ -83,8 +85,10 @@ def main() -> int:
         tcfg = train_config(cfg, out, warm)
         tcfg.update(overrides(pairs))
         run = out / name / "train"
-        rows[f"grpo {name}"] = validate(name, run_training(tcfg, run, con))
-        rows[f"grpo {name}"]["train_s"] = grpo_seconds(run)
+        label = f"{tcfg.get('algorithm', 'grpo')} {name}"
+        rows[label] = validate(name, run_training(tcfg, run, con))
+        rows[label]["train_s"] = grpo_seconds(run)
+        rows[label]["steps"] = len(read_steps(RunDir(run)))
         lr = float(tcfg["lr"])
         if lr not in sft_done and not args.no_sft:
             sft_done[lr] = name
@@ -92,10 +96,11 @@ def main() -> int:
                                  int(tcfg["seed"]), con, _stream, tcfg["pack"], demo_pack=True)
             rows[f"sft lr {lr:g}"] = validate(f"sft-lr{lr:g}", model)
     types = sorted(rows["start"]["per_type"])
-    lines = ["| model | validation pass@1 | " + " | ".join(t.replace("demo_", "") for t in types) + " |",
-             "|---|---|" + "---|" * len(types)]
+    lines = ["| model | steps | validation pass@1 | " + " | ".join(t.replace("demo_", "") for t in types) + " |",
+             "|---|---|---|" + "---|" * len(types)]
     for name, r in rows.items():
-        lines.append(f"| {name} | {r['pass_at_1']:.3f} | " + " | ".join(f"{r['per_type'].get(t, 0):.2f}" for t in types) + " |")
+        lines.append(f"| {name} | {r.get('steps', '')} | {r['pass_at_1']:.3f} | "
+                     + " | ".join(f"{r['per_type'].get(t, 0):.2f}" for t in types) + " |")
     md = "\n".join(lines) + "\n"
     (out / "grpo_validation.md").write_text(md, encoding="utf-8")
     con.print(md)
