@@ -15,7 +15,12 @@ How, with nothing but the trainer's own groups as evidence (a group of G is a pr
   bands (selection/bands.py) and leaves the pool when it lands outside hard/medium/easy; the same
   number of candidates (or `size`) joins, taken in a seeded order from the candidate list; past
   the end of the list a new order begins, so a candidate retired earlier is probed again by a
-  newer policy. Why two groups of evidence by default, not the probe's one: a task with p = 0.9
+  newer policy, unless its evidence put it *above* the bands: training raises pass rates on the
+  family, so a task it already solves every time would only come back flat. The measurement that
+  made this a rule: from the SFT plateau, 774 of the 880 candidates were above the bands at the
+  probe, and admitting them in plain order left the mixed share falling through ten refreshes.
+  The probe's own counts are evidence too (`solved_by_probe`): a candidate the probe put above
+  the bands is never admitted. Why two groups of evidence by default, not the probe's one: a task with p = 0.9
   passes 8 of 8 in 43% of its groups, and one that leaves for that is usually replaced by a
   candidate that is easier still (a policy near its plateau solves most candidates);
 - a refresh decided after step s applies from step s + 1 + max_staleness (the rollouts of the
@@ -52,6 +57,7 @@ class Curriculum:
     shares: list[list[int]] = field(default_factory=list)              # [mixed, decided] of recent steps
     cycle: int = 0
     cursor: int = 0
+    solved: set[str] = field(default_factory=set)                    # above the bands at their last evidence
 
     def __post_init__(self) -> None:
         if not self.pools:
@@ -98,6 +104,7 @@ class Curriculum:
             n = np.array([evidence[t][1] for t in judged])
             bands = assign(k, n)[0]
             retired = [t for t, b in zip(judged, bands) if BAND_NAMES[int(b)] not in DEFAULT_KEEP]
+            self.solved |= {t for t, b in zip(judged, bands) if int(b) == len(BAND_NAMES) - 1}
         gone = set(retired)
         kept = [t for t in pool if t not in gone]
         admitted = self._next_candidates(self.size or len(retired), set(kept) | gone)
@@ -128,7 +135,7 @@ class Curriculum:
             task = self.candidates[int(order[self.cursor])]
             self.cursor += 1
             seen += 1
-            if task not in skip and task not in out:
+            if task not in skip and task not in out and task not in self.solved:
                 out.append(task)
         return out
 
@@ -136,7 +143,7 @@ class Curriculum:
     def state(self) -> dict:
         return {"version": self.version, "pools": [[first, v, list(p)] for first, v, p in self.pools],
                 "tallies": {t: [list(g) for g in v] for t, v in self.tallies.items()}, "shares": [list(s) for s in self.shares],
-                "cycle": self.cycle, "cursor": self.cursor}
+                "cycle": self.cycle, "cursor": self.cursor, "solved": sorted(self.solved)}
 
     def restore(self, state: dict | None) -> None:
         if not state:
@@ -145,6 +152,18 @@ class Curriculum:
         self.pools = [(int(first), int(v), list(p)) for first, v, p in state["pools"]]
         self.tallies = {t: [[int(a), int(b)] for a, b in v] for t, v in state["tallies"].items()}
         self.shares = [[int(a), int(b)] for a, b in state["shares"]]
+        self.solved = set(state.get("solved", []))
+
+
+def solved_by_probe(probe_run: str | Path, candidates: list[str]) -> set[str]:
+    """The candidates a probe run (a campaign run directory) put above the kept bands: the curriculum
+    never admits them (see the module docstring)."""
+    from tbhpc.metrics.agg import load_counts
+    from tbhpc.store.run_dir import RunDir
+    counts = load_counts(RunDir(Path(probe_run)))
+    bands = assign(counts.c, counts.n)[0]
+    wanted = set(candidates)
+    return {t for t, b in zip(counts.task_ids.tolist(), bands) if t in wanted and int(b) == len(BAND_NAMES) - 1}
 
 
 def evidence(groups, world: int) -> tuple[list[tuple[str, int, int]], int, int]:
