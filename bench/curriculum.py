@@ -1,7 +1,7 @@
 """Does the curriculum keep a long run updating? The demo's GRPO run for N steps (no time budget)
 from a demo config's start and pool, with the curriculum (refresh_below / refresh_window; candidates: the
-demo probe's other instances, except those it found solved: refresh_probe; --every-candidate admits
-them too) and, with --without, the same
+demo probe's other instances, those it found solved last: refresh_probe; --every-candidate: in
+plain order) and, with --without, the same
 run without it (same seed, so the same draws until the first refresh). Exports every 50 steps are
 evaluated on validation instances (demo pack seed 1001, never the eval split; x 8), the last one also
 on the held-out split x 20 (pass@1, pass^20, pass@20). Reports, per run: steps with no informative
@@ -9,7 +9,7 @@ group (no update) in the first and last thirds, the mixed share of the first and
 the refreshes, and a plot of the mixed share and reward against the step.
 
     python bench/curriculum.py [--config jobs/demo-pack-plateau.yaml] [--steps 300] [--without] [--every-candidate]
-                               [--out runs/curriculum] [key=value ...]
+                               [--out runs/curriculum] [--also NAME=RUN ...] [key=value ...]
 
 key=value: TrainConfig fields for the run(s) (e.g. refresh_below=0.25 refresh_window=10).
 """
@@ -91,7 +91,9 @@ def main() -> int:
     ap.add_argument("--without", action="store_true", help="also the same run without the curriculum")
     ap.add_argument("--out", type=Path, default=Path("runs/curriculum"))
     ap.add_argument("--every-candidate", action="store_true",
-                    help="admit candidates the probe found solved too (no refresh_probe): the curriculum's first rule")
+                    help="candidates in plain order (no refresh_probe)")
+    ap.add_argument("--also", nargs="+", default=[], metavar="NAME=RUN",
+                    help="draw an earlier training run's curves beside these (e.g. plain=runs/curriculum/train-curriculum)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     con, out = Console(), args.out
@@ -122,6 +124,9 @@ def main() -> int:
         results[name] = {**summary(steps), "validation_pass@1": val_curve,
                          "held_out": held_out(cfg, final, out / f"eval-{name}", con)}
     results["start_validation_pass@1"] = round(evaluate(warm, val, out / "val-start", 8, cfg.workers)["pass_at_1"], 4)
+    for item in args.also:
+        name, run = item.split("=", 1)
+        curves[name] = read_steps(RunDir(Path(run)))
     results["plot"] = str(plot(curves, out / "curriculum.png"))
     (out / "curriculum.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     con.print_json(json.dumps(results))

@@ -69,18 +69,21 @@ def test_candidates_come_in_a_seeded_order_and_a_new_cycle_reprobes_retired_ones
     assert len(flat[6:]) == 2 and set(flat[6:]) <= set(CANDIDATES)                 # then retired (too hard) ones come back
 
 
-def test_a_task_above_the_bands_never_joins_again_nor_does_a_candidate_the_probe_found_solved():
-    cur = _cur(window=1, size=2, solved={"n0", "n1"})
+def test_a_solved_task_joins_only_when_no_other_candidate_is_left():
+    cur = _cur(window=1, size=2, solved={"n0", "n1"})                # the probe found n0 and n1 solved
     admitted = []
-    for step in range(1, 5):
+    for step in range(1, 6):
         rec = cur.observe(step, [(t, 8, 8) for t in cur.current], mixed=0, decided=len(cur.current))
-        admitted += rec["admitted"]
-    assert sorted(admitted) == ["n2", "n3", "n4", "n5"]                            # each once: solved ones stay out
+        admitted.append(rec["admitted"])
+    assert sorted(admitted[0] + admitted[1]) == ["n2", "n3", "n4", "n5"]         # the unsolved ones first
+    assert all(len(a) == 2 for a in admitted)                                       # then solved ones keep the size:
+    assert set(admitted[2]) <= {"n0", "n1", *admitted[0]}                           # any but those just retired
     assert cur.solved == {*POOL, *CANDIDATES}                                       # every one came back 8 of 8
-    assert "no candidate is left" in rec["note"]
     again = _cur(window=1, size=2)
     again.restore(cur.state())
     assert again.solved == cur.solved
+    mixed = _cur(window=1, size=1, solved={"n0", "n1", "n2", "n3", "n4"})
+    assert mixed.observe(1, [("a", 8, 8)], mixed=0, decided=1)["admitted"] == ["n5"]
 
 
 def test_the_probe_run_says_which_candidates_are_solved(tmp_path):

@@ -15,12 +15,13 @@ How, with nothing but the trainer's own groups as evidence (a group of G is a pr
   bands (selection/bands.py) and leaves the pool when it lands outside hard/medium/easy; the same
   number of candidates (or `size`) joins, taken in a seeded order from the candidate list; past
   the end of the list a new order begins, so a candidate retired earlier is probed again by a
-  newer policy, unless its evidence put it *above* the bands: training raises pass rates on the
-  family, so a task it already solves every time would only come back flat. The measurement that
-  made this a rule: from the SFT plateau, 774 of the 880 candidates were above the bands at the
-  probe, and admitting them in plain order left the mixed share falling through ten refreshes.
-  The probe's own counts are evidence too (`solved_by_probe`): a candidate the probe put above
-  the bands is never admitted. Why two groups of evidence by default, not the probe's one: a task with p = 0.9
+  newer policy. A task its evidence put *above* the bands (solved every time) goes to the back of
+  the line: it joins only when no other candidate is left. Why: training raises pass rates on the
+  family, so a solved task usually comes back flat; but dropping solved tasks for good was
+  measured worse: from the SFT plateau (774 of 880 candidates solved at the probe) the pool shrank
+  88 -> 13 hard tasks by step 67, validation fell 0.931 -> 0.892 and the entropy guard stopped the
+  run; admitting every candidate in plain order kept 88 tasks and validation at 0.92-0.93. The
+  probe's own counts are evidence too (`solved_by_probe`, the `refresh_probe` field). Why two groups of evidence by default, not the probe's one: a task with p = 0.9
   passes 8 of 8 in 43% of its groups, and one that leaves for that is usually replaced by a
   candidate that is easier still (a policy near its plateau solves most candidates);
 - a refresh decided after step s applies from step s + 1 + max_staleness (the rollouts of the
@@ -122,6 +123,14 @@ class Curriculum:
                 "retired": retired, "admitted": admitted, "pool": len(new), **({"note": note} if note else {})}
 
     def _next_candidates(self, want: int, skip: set[str]) -> list[str]:
+        """Up to `want` candidates not in `skip`, unsolved ones first (solved ones fill the places
+        left), each pass in the seeded order of the current cycle."""
+        out = self._take(want, skip | self.solved)
+        if len(out) < want:
+            out += self._take(want - len(out), skip | set(out))
+        return out
+
+    def _take(self, want: int, skip: set[str]) -> list[str]:
         """Up to `want` candidates not in `skip`, in the seeded order of the current cycle; one more
         cycle at most per call (its order seeded by the cycle number), so none repeats within a call."""
         out: list[str] = []
@@ -135,7 +144,7 @@ class Curriculum:
             task = self.candidates[int(order[self.cursor])]
             self.cursor += 1
             seen += 1
-            if task not in skip and task not in out and task not in self.solved:
+            if task not in skip and task not in out:
                 out.append(task)
         return out
 
