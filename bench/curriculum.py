@@ -1,14 +1,13 @@
 """Does the curriculum keep a long run updating? The demo's GRPO run for N steps (no time budget)
-from a demo config's start and pool, with the curriculum (refresh_below / refresh_window; candidates: the
-demo probe's other instances, those it found solved last: refresh_probe; --every-candidate: in
-plain order) and, with --without, the same
+from a demo config's start and pool, with the curriculum (refresh_below / refresh_window; candidates:
+every candidate instance of the demo's probe, the pool's own skipped) and, with --without, the same
 run without it (same seed, so the same draws until the first refresh). Exports every 50 steps are
 evaluated on validation instances (demo pack seed 1001, never the eval split; x 8), the last one also
 on the held-out split x 20 (pass@1, pass^20, pass@20). Reports, per run: steps with no informative
 group (no update) in the first and last thirds, the mixed share of the first and last 25 steps,
 the refreshes, and a plot of the mixed share and reward against the step.
 
-    python bench/curriculum.py [--config jobs/demo-pack-plateau.yaml] [--steps 300] [--without] [--every-candidate]
+    python bench/curriculum.py [--config jobs/demo-pack-plateau.yaml] [--steps 300] [--without]
                                [--out runs/curriculum] [--also NAME=RUN ...] [key=value ...]
 
 key=value: TrainConfig fields for the run(s) (e.g. refresh_below=0.25 refresh_window=10).
@@ -90,8 +89,6 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--without", action="store_true", help="also the same run without the curriculum")
     ap.add_argument("--out", type=Path, default=Path("runs/curriculum"))
-    ap.add_argument("--every-candidate", action="store_true",
-                    help="candidates in plain order (no refresh_probe)")
     ap.add_argument("--also", nargs="+", default=[], metavar="NAME=RUN",
                     help="draw an earlier training run's curves beside these (e.g. plain=runs/curriculum/train-curriculum)")
     ap.add_argument("overrides", nargs="*")
@@ -103,8 +100,7 @@ def main() -> int:
     from tbhpc.train.warm_select import evaluate, validation_pack
     val = validation_pack(out / "validation-pack") if not (out / "validation-pack").exists() else str(out / "validation-pack")
     extra = {k: v for k, v in (o.split("=", 1) for o in args.overrides)}
-    arms = {"curriculum": {"refresh_below": 0.25, "refresh_window": 10, "refresh_pool": str(candidates),
-                           **({} if args.every_candidate else {"refresh_probe": str(out / "probe")})}}
+    arms = {"curriculum": {"refresh_below": 0.25, "refresh_window": 10, "refresh_pool": str(candidates)}}
     if args.without:
         arms["without"] = {}
     results, curves = {}, {}

@@ -60,45 +60,13 @@ def test_candidates_come_in_a_seeded_order_and_a_new_cycle_reprobes_retired_ones
         cur = _cur(seed=seed, window=1, size=2)
         got = []
         for step in range(1, 5):
-            rec = cur.observe(step, [(t, 0, 8) for t in cur.current], mixed=0, decided=len(cur.current))
+            rec = cur.observe(step, [(t, 8, 8) for t in cur.current], mixed=0, decided=len(cur.current))
             got.append(rec["admitted"])
         orders.append(got)
     assert orders[0] == orders[1] and orders[0] != orders[2]                       # a function of the seed
     flat = [t for adm in orders[0] for t in adm]
     assert sorted(flat[:6]) == sorted(CANDIDATES)                                   # the first cycle: each candidate once
-    assert len(flat[6:]) == 2 and set(flat[6:]) <= set(CANDIDATES)                 # then retired (too hard) ones come back
-
-
-def test_a_solved_task_joins_only_when_no_other_candidate_is_left():
-    cur = _cur(window=1, size=2, solved={"n0", "n1"})                # the probe found n0 and n1 solved
-    admitted = []
-    for step in range(1, 6):
-        rec = cur.observe(step, [(t, 8, 8) for t in cur.current], mixed=0, decided=len(cur.current))
-        admitted.append(rec["admitted"])
-    assert sorted(admitted[0] + admitted[1]) == ["n2", "n3", "n4", "n5"]         # the unsolved ones first
-    assert all(len(a) == 2 for a in admitted)                                       # then solved ones keep the size:
-    assert set(admitted[2]) <= {"n0", "n1", *admitted[0]}                           # any but those just retired
-    assert cur.solved == {*POOL, *CANDIDATES}                                       # every one came back 8 of 8
-    again = _cur(window=1, size=2)
-    again.restore(cur.state())
-    assert again.solved == cur.solved
-    mixed = _cur(window=1, size=1, solved={"n0", "n1", "n2", "n3", "n4"})
-    assert mixed.observe(1, [("a", 8, 8)], mixed=0, decided=1)["admitted"] == ["n5"]
-
-
-def test_the_probe_run_says_which_candidates_are_solved(tmp_path):
-    from tbhpc.campaign.config import CampaignConfig
-    from tbhpc.campaign.runner import run_campaign
-    from tbhpc.metrics.agg import load_counts
-    from tbhpc.store.run_dir import RunDir
-    from tbhpc.train.curriculum import solved_by_probe
-    run_campaign(CampaignConfig(name="p", limit=12, repeats=8, chunk_size=24, policy_opts={"skill": 0.9}), tmp_path / "probe")
-    counts = load_counts(RunDir(tmp_path / "probe"))
-    ids = counts.task_ids.tolist()
-    every_time = {t for t, n, c in zip(ids, counts.n, counts.c) if c == n == 8}
-    assert every_time and len(every_time) < len(ids)                  # the seeded noisy policy: some, not all
-    assert solved_by_probe(tmp_path / "probe", ids) == every_time     # 8 of 8: Jeffreys puts it in [.9, 1]
-    assert solved_by_probe(tmp_path / "probe", ids[:3]) == every_time & set(ids[:3])
+    assert set(flat[6:]) <= set(CANDIDATES)                                         # then retired ones come back
 
 
 def test_nothing_left_keeps_the_pool_and_says_so():
@@ -149,8 +117,7 @@ def test_a_refresh_is_logged_in_the_run(tmp_path):
 
 @pytest.mark.parametrize("field, value, words", [("refresh_below", 1.5, "'refresh_below' must be within [0, 1]"),
                                                   ("refresh_window", 0, "'refresh_window' (>= 1)"),
-                                                  ("refresh_pool", "x.yaml", "'refresh_pool' needs refresh_below > 0"),
-                                                  ("refresh_probe", "runs/p", "'refresh_probe' needs refresh_pool")])
+                                                  ("refresh_pool", "x.yaml", "'refresh_pool' needs refresh_below > 0")])
 def test_the_config_refuses_bad_curriculum_fields(field, value, words):
     from tbhpc.errors import UserError
     from tbhpc.train.config import TrainConfig

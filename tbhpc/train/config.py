@@ -53,7 +53,6 @@ class TrainConfig:
     refresh_below: float = 0.0
     refresh_window: int = 10
     refresh_pool: str = ""                # candidate task ids (a pool file or id list); empty: re-band only
-    refresh_probe: str = ""               # the candidates' probe run: those it put above the bands never join
     refresh_size: int = 0
     # 0: on-policy, rollouts wait for the previous update. 1: one step off-policy, step s+1's rollouts are
     # generated (from the newest verified weights, at least step s-1's) while step s updates; older refused
@@ -158,8 +157,6 @@ class TrainConfig:
         if self.refresh_window < 1 or self.refresh_size < 0:
             raise UserError("train config: fields 'refresh_window' (>= 1) and 'refresh_size' (>= 0) are out of range, "
                             f"got {self.refresh_window!r} and {self.refresh_size!r}")
-        if self.refresh_probe and not self.refresh_pool:
-            raise UserError("train config: field 'refresh_probe' needs refresh_pool (the candidates it probed)")
         if self.refresh_pool and not self.refresh_below:
             raise UserError("train config: field 'refresh_pool' needs refresh_below > 0 (when to refresh the pool)")
         if self.draw_ahead < -1:
@@ -291,9 +288,6 @@ class TrainConfig:
             raise UserError(f"{source}: field 'pool': {self.pool} is not a file (the pool file `tbhpc select` wrote)")
         if self.refresh_pool and not Path(self.refresh_pool).is_file():
             raise UserError(f"{source}: field 'refresh_pool': {self.refresh_pool} is not a file (a pool file or task-id list)")
-        if self.refresh_probe and not (Path(self.refresh_probe) / "results.duckdb").is_file():
-            raise UserError(f"{source}: field 'refresh_probe': {self.refresh_probe} is not a probe run directory "
-                            "(no results.duckdb)")
         if self.servers and not Path(self.servers).is_file():
             raise UserError(f"{source}: field 'servers': {self.servers} is not a file (the MCP servers file)")
         if self.model.startswith(("/", ".", "~")) and not Path(self.model).expanduser().is_dir():

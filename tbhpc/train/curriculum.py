@@ -15,13 +15,12 @@ How, with nothing but the trainer's own groups as evidence (a group of G is a pr
   bands (selection/bands.py) and leaves the pool when it lands outside hard/medium/easy; the same
   number of candidates (or `size`) joins, taken in a seeded order from the candidate list; past
   the end of the list a new order begins, so a candidate retired earlier is probed again by a
-  newer policy. A task its evidence put *above* the bands (solved every time) goes to the back of
-  the line: it joins only when no other candidate is left. Why: training raises pass rates on the
-  family, so a solved task usually comes back flat; but dropping solved tasks for good was
-  measured worse: from the SFT plateau (774 of 880 candidates solved at the probe) the pool shrank
-  88 -> 13 hard tasks by step 67, validation fell 0.931 -> 0.892 and the entropy guard stopped the
-  run; admitting every candidate in plain order kept 88 tasks and validation at 0.92-0.93. The
-  probe's own counts are evidence too (`solved_by_probe`, the `refresh_probe` field). Why two groups of evidence by default, not the probe's one: a task with p = 0.9
+  newer policy. Why plain order, solved candidates included, and not the unsolved ones first:
+  measured from the plateau (774 of its 880 candidates solved at the probe), admitting unsolved
+  candidates first filled the pool with the few hard tasks left; validation fell 0.931 -> 0.88-0.89
+  and the entropy guard stopped the run by step 91, in both variants tried (solved ones last, and
+  solved ones never); in plain order the pool stays mostly solvable, and validation stayed at
+  0.92-0.93 over 300 steps (docs/demo.md). Why two groups of evidence by default, not the probe's one: a task with p = 0.9
   passes 8 of 8 in 43% of its groups, and one that leaves for that is usually replaced by a
   candidate that is easier still (a policy near its plateau solves most candidates);
 - a refresh decided after step s applies from step s + 1 + max_staleness (the rollouts of the
@@ -58,7 +57,6 @@ class Curriculum:
     shares: list[list[int]] = field(default_factory=list)              # [mixed, decided] of recent steps
     cycle: int = 0
     cursor: int = 0
-    solved: set[str] = field(default_factory=set)                    # above the bands at their last evidence
 
     def __post_init__(self) -> None:
         if not self.pools:
@@ -105,7 +103,6 @@ class Curriculum:
             n = np.array([evidence[t][1] for t in judged])
             bands = assign(k, n)[0]
             retired = [t for t, b in zip(judged, bands) if BAND_NAMES[int(b)] not in DEFAULT_KEEP]
-            self.solved |= {t for t, b in zip(judged, bands) if int(b) == len(BAND_NAMES) - 1}
         gone = set(retired)
         kept = [t for t in pool if t not in gone]
         admitted = self._next_candidates(self.size or len(retired), set(kept) | gone)
@@ -123,14 +120,6 @@ class Curriculum:
                 "retired": retired, "admitted": admitted, "pool": len(new), **({"note": note} if note else {})}
 
     def _next_candidates(self, want: int, skip: set[str]) -> list[str]:
-        """Up to `want` candidates not in `skip`, unsolved ones first (solved ones fill the places
-        left), each pass in the seeded order of the current cycle."""
-        out = self._take(want, skip | self.solved)
-        if len(out) < want:
-            out += self._take(want - len(out), skip | set(out))
-        return out
-
-    def _take(self, want: int, skip: set[str]) -> list[str]:
         """Up to `want` candidates not in `skip`, in the seeded order of the current cycle; one more
         cycle at most per call (its order seeded by the cycle number), so none repeats within a call."""
         out: list[str] = []
@@ -152,7 +141,7 @@ class Curriculum:
     def state(self) -> dict:
         return {"version": self.version, "pools": [[first, v, list(p)] for first, v, p in self.pools],
                 "tallies": {t: [list(g) for g in v] for t, v in self.tallies.items()}, "shares": [list(s) for s in self.shares],
-                "cycle": self.cycle, "cursor": self.cursor, "solved": sorted(self.solved)}
+                "cycle": self.cycle, "cursor": self.cursor}
 
     def restore(self, state: dict | None) -> None:
         if not state:
@@ -161,18 +150,6 @@ class Curriculum:
         self.pools = [(int(first), int(v), list(p)) for first, v, p in state["pools"]]
         self.tallies = {t: [[int(a), int(b)] for a, b in v] for t, v in state["tallies"].items()}
         self.shares = [[int(a), int(b)] for a, b in state["shares"]]
-        self.solved = set(state.get("solved", []))
-
-
-def solved_by_probe(probe_run: str | Path, candidates: list[str]) -> set[str]:
-    """The candidates a probe run (a campaign run directory) put above the kept bands: the curriculum
-    never admits them (see the module docstring)."""
-    from tbhpc.metrics.agg import load_counts
-    from tbhpc.store.run_dir import RunDir
-    counts = load_counts(RunDir(Path(probe_run)))
-    bands = assign(counts.c, counts.n)[0]
-    wanted = set(candidates)
-    return {t for t, b in zip(counts.task_ids.tolist(), bands) if t in wanted and int(b) == len(BAND_NAMES) - 1}
 
 
 def evidence(groups, world: int) -> tuple[list[tuple[str, int, int]], int, int]:

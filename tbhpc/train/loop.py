@@ -31,7 +31,7 @@ from pathlib import Path
 from tbhpc.errors import TbhpcError, UserError
 from tbhpc.serve.checkpoints import BASE_VERSION, published, version_name
 from tbhpc.train.config import TrainConfig
-from tbhpc.train.curriculum import Curriculum, evidence, record_refresh, solved_by_probe
+from tbhpc.train.curriculum import Curriculum, evidence, record_refresh
 from tbhpc.train.draw import load_pool
 from tbhpc.train.engine import DistEnv, Engine
 from tbhpc.train.jobs import preemption_margin, start_export_eval, stop_serving_job
@@ -86,8 +86,7 @@ class Trainer:
                  for t in select_tasks(CampaignConfig(pack=cfg.pack, tasks=f, split="all", servers=cfg.servers))}
         tasks = list(tasks.values())
         self.curriculum = Curriculum(pool, candidates, cfg.seed, cfg.refresh_below, cfg.refresh_window, 2 * cfg.group_size,
-                                     cfg.refresh_size, cfg.max_staleness,
-                                     solved=solved_by_probe(cfg.refresh_probe, candidates) if cfg.refresh_probe else set())
+                                     cfg.refresh_size, cfg.max_staleness)
         from tbhpc.agents import check_judge
         from tbhpc.env.registry import Environments, preflight
         check_judge(tasks, cfg.judge, skip_field=False)
