@@ -71,8 +71,12 @@ def goal(results: dict[int, dict]) -> str:
         n = len(rows)
         p1 = sum(r["pass@1"]["trained-warm"]["lo"] > 0 for r in rows)
         kk = sum(r["k/k"]["trained-warm"]["lo"] > 0 for r in rows)
-        pk = [(r, k) for r in rows for k in [next((k for k in r if k.startswith("pass@") and k != "pass@1"), None)] if k]
-        flat = sum(abs(r[k]["trained-warm"]["delta"]) <= 0.02 for r, k in pk)   # pass@k: only where the report has it
+        pk = []                                            # (row, its pass@k key): only where the report has one
+        for r in rows:
+            key = next((k for k in r if k.startswith("pass@") and k != "pass@1"), None)
+            if key:
+                pk.append((r, key))
+        flat = sum(abs(r[k]["trained-warm"]["delta"]) <= 0.02 for r, k in pk)
         line = (f"{split}: GRPO above the start with the interval above 0 on pass@1 {p1} of {n} seeds, on pass^k {kk} of {n}"
                 + (f"; pass@k within 2 pts of the start {flat} of {len(pk)}" if pk else ""))
         if all("trained-rft" in r["k/k"] for r in rows):

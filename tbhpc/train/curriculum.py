@@ -15,14 +15,12 @@ How, with nothing but the trainer's own groups as evidence (a group of G is a pr
   bands (selection/bands.py) and leaves the pool when it lands outside hard/medium/easy; the same
   number of candidates (or `size`) joins, taken in a seeded order from the candidate list; past
   the end of the list a new order begins, so a candidate retired earlier is probed again by a
-  newer policy. Why plain order, solved candidates included, and not the unsolved ones first:
-  measured from the plateau (774 of its 880 candidates solved at the probe), admitting unsolved
-  candidates first filled the pool with the few hard tasks left; validation fell 0.931 -> 0.88-0.89
-  and the entropy guard stopped the run by step 91, in both variants tried (solved ones last, and
-  solved ones never); in plain order the pool stays mostly solvable, and validation stayed at
-  0.92-0.93 over 300 steps (docs/demo.md). Why two groups of evidence by default, not the probe's one: a task with p = 0.9
-  passes 8 of 8 in 43% of its groups, and one that leaves for that is usually replaced by a
-  candidate that is easier still (a policy near its plateau solves most candidates);
+  newer policy. Why plain order, solved candidates included, not the unsolved ones first: that
+  was measured worse (docs/demo.md, "Measured: 300 steps from the plateau"): near a plateau the
+  pool filled with the few hard tasks left, validation fell and the entropy guard stopped the
+  run; in plain order the pool stays mostly solvable and the policy keeps what it knows.
+  Why two groups of evidence by default, not the probe's one: a task with p = 0.9 passes 8 of 8
+  in 43% of its groups, and one that leaves for that is usually replaced by a candidate that is easier still (a policy near its plateau solves most candidates);
 - a refresh decided after step s applies from step s + 1 + max_staleness (the rollouts of the
   steps in between were drawn already), and the whole state is in the checkpoint, so a resumed
   run draws exactly what an uninterrupted one drew: draws are a pure function of (seed, step,
