@@ -20,7 +20,8 @@ How, with nothing but the trainer's own groups as evidence (a group of G is a pr
   pool filled with the few hard tasks left, validation fell and the entropy guard stopped the
   run; in plain order the pool stays mostly solvable and the policy keeps what it knows.
   Why two groups of evidence by default, not the probe's one: a task with p = 0.9 passes 8 of 8
-  in 43% of its groups, and one that leaves for that is usually replaced by a candidate that is easier still (a policy near its plateau solves most candidates);
+  in 43% of its groups, and one that leaves for that is usually replaced by a candidate that is
+  easier still (a policy near its plateau solves most candidates);
 - a refresh decided after step s applies from step s + 1 + max_staleness (the rollouts of the
   steps in between were drawn already), and the whole state is in the checkpoint, so a resumed
   run draws exactly what an uninterrupted one drew: draws are a pure function of (seed, step,
