@@ -48,7 +48,7 @@ class TrainConfig:
     max_reruns: int = 3                   # system-error re-runs per episode before its group is dropped
     draw_ahead: int = -1                  # groups in flight beyond the B a step could still keep (-1: no bound)
     # the curriculum (train/curriculum.py): when the mixed-group share over the last refresh_window steps falls
-    # below refresh_below, tasks whose groups since the last refresh put them outside the pool's bands leave,
+    # below refresh_below, tasks whose last groups (two or more) put them outside the pool's bands leave,
     # and as many candidates of refresh_pool join (refresh_size: that many instead). 0: the pool never changes
     refresh_below: float = 0.0
     refresh_window: int = 10
