@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: browser env env-demo env-vllm model-smollm2 test demo bench clean tasks slurm-up slurm-down train warmstart warmstart-demo warmstart-plateau
+.PHONY: browser env env-demo env-vllm env-openenv model-smollm2 test demo bench clean tasks slurm-up slurm-down train warmstart warmstart-demo warmstart-plateau
 
 NODES   ?= 3
 WARM    := build/models/tiny-warm
@@ -27,6 +27,14 @@ env-vllm: $(VLLM_STAMP)
 $(VLLM_STAMP): pyproject.toml env/setup-vllm.sh
 	PY=$(PY) VENV=$(VLLM_VENV) VLLM_BUILD=$(VLLM_BUILD) bash env/setup-vllm.sh
 	touch $(VLLM_STAMP)
+
+# The OpenEnv serving environment (`tbhpc openenv-serve`, its own pins): see env/setup-openenv.sh.
+OPENENV_VENV  ?= .venv-openenv
+OPENENV_STAMP := $(OPENENV_VENV)/.installed
+env-openenv: $(OPENENV_STAMP)
+$(OPENENV_STAMP): pyproject.toml env/setup-openenv.sh
+	PY=$(PY) VENV=$(OPENENV_VENV) bash env/setup-openenv.sh
+	touch $(OPENENV_STAMP)
 
 # env/setup.sh: torch first (the CPU wheel on disk), then the project with its pinned extras.
 $(STAMP): pyproject.toml env/setup.sh
@@ -51,8 +59,9 @@ $(SMOLLM2)/config.json: $(STAMP)
 
 # The suite runs against a real 3-node Slurm cluster that this target starts and stops by PID,
 # and a real vLLM (CPU) server that its tests start and stop by PID (tests/test_vllm.py).
-test: env env-vllm browser $(WARM)/config.json
-	TBHPC_REQUIRE_VLLM=1 TBHPC_REQUIRE_BROWSER=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python NODES=$(NODES) STATE=$(SLURM_STATE) \
+test: env env-vllm env-openenv browser $(WARM)/config.json
+	TBHPC_REQUIRE_VLLM=1 TBHPC_REQUIRE_BROWSER=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
+	  TBHPC_REQUIRE_OPENENV=1 TBHPC_OPENENV_PYTHON=$(abspath $(OPENENV_VENV))/bin/python NODES=$(NODES) STATE=$(SLURM_STATE) \
 	  bash slurm/local/with-cluster.sh $(VPY) -m pytest -q -n 2 --dist loadgroup --durations=30
 
 # `make demo`: the published experiment on this machine with the demo model on the demo pack: the base
@@ -137,4 +146,4 @@ slurm-down:
 	STATE=$(SLURM_STATE) bash slurm/local/down.sh
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) $(OPENENV_VENV) .pytest_cache build *.egg-info

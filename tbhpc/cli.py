@@ -101,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     from tbhpc import cli_train
     cli_train.add_parsers(sub)
 
+    from tbhpc import cli_openenv
+    cli_openenv.add_parsers(sub)
+
     ms = sub.add_parser("mcp-serve", help="serve a built-in domain as a stdio MCP tool server (ThinkingBox reserved tools)")
     ms.add_argument("--domain", required=True, help="retail | insurance | travel | neobank | consulting")
 
@@ -175,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
             require_mcp()
             serve(args.domain)
             return 0
+        if args.cmd == "openenv-serve":
+            from tbhpc import cli_openenv
+            return cli_openenv.run(args)
         if args.cmd == "demo":
             from tbhpc import demo
             return demo.run(args)

@@ -19,7 +19,7 @@ from tbhpc.tasks.loader import load_pack, pack_files, read_id_list as read_task_
 from tbhpc.tasks.schema import Task
 from tbhpc.tb.dataset import TBDataset, is_tb_source
 
-EXECUTION_FIELDS = ("workers", "chunk_size", "concurrency", "slurm", "transcripts")
+EXECUTION_FIELDS = ("workers", "chunk_size", "concurrency", "slurm", "transcripts", "openenv")
 KINDS = ("probe", "eval")
 
 
@@ -31,6 +31,8 @@ class CampaignConfig:
     split: str = "eval"                # train | eval | all (built-in packs; a ThinkingBox source is selected by `tasks`)
     tasks: str | None = None           # file of task ids: YAML list (a ThinkingBox test list), pool file {tasks: [...]}, or one id per line
     servers: str | None = None         # servers file for MCP tool servers (needed by tb: sources)
+    environment: str = "local"         # local (tbhpc's backends) | openenv (every attempt on the OpenEnv environment below)
+    openenv: dict[str, Any] = field(default_factory=dict)   # OpenEnvSpec: url | launch | uv_project, timeouts (execution only)
     domains: list[str] = field(default_factory=list)
     limit: int | None = None           # first N tasks after filtering (smoke runs)
     repeats: int = 1
@@ -75,6 +77,8 @@ class CampaignConfig:
                 raise UserError(f"campaign config: field {name!r} must be >= 1, got {getattr(self, name)!r}")
         if self.servers and not Path(self.servers).is_file():
             raise UserError(f"campaign config: field 'servers': {self.servers} is not a file (the MCP servers file)")
+        from tbhpc.openenv.launch import openenv_spec
+        openenv_spec(self.environment, self.openenv, "campaign config")
         if self.limit is not None and self.limit < 1:
             raise UserError(f"campaign config: field 'limit' must be >= 1 (or null: every task), got {self.limit!r}")
         from tbhpc.policy import check_policy_options
@@ -83,6 +87,11 @@ class CampaignConfig:
             from tbhpc.config import from_dict
             from tbhpc.launch.options import SlurmOptions
             from_dict(SlurmOptions, self.slurm, {k: "campaign config field 'slurm'" for k in self.slurm})
+
+    @property
+    def openenv_spec(self):
+        from tbhpc.openenv.launch import openenv_spec
+        return openenv_spec(self.environment, self.openenv, "campaign config")
 
     @property
     def resolved_policy_id(self) -> str:
@@ -104,6 +113,8 @@ class CampaignConfig:
             d.pop(k)
         if d["rubrics"] == "judge":       # the default: campaigns made before the field existed keep their hash
             d.pop("rubrics")
+        if d["environment"] == "local":   # likewise
+            d.pop("environment")
         d["policy_id"] = self.resolved_policy_id
         return d
 

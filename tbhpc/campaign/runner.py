@@ -57,9 +57,9 @@ def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict], list]:
     rows = plan_rows(tasks, cfg.repeats)
     if run.exists():
         check_same_campaign(run, cfg, chash)
-        preflight(tasks, cfg.servers)      # after the cheap checks: a refused resume starts no server
+        preflight(tasks, cfg.servers, cfg.openenv_spec)      # after the cheap checks: a refused resume starts no server
         return run, rows, tasks
-    preflight(tasks, cfg.servers)
+    preflight(tasks, cfg.servers, cfg.openenv_spec)
     campaign = {"campaign": cfg.name, "kind": cfg.kind, "policy_id": cfg.resolved_policy_id, "config_hash": chash,
                 "pack_hash": digest, "config": resolved(cfg), "created_at": datetime.now(timezone.utc).isoformat(sep=" ")[:26],
                 "source": "tbhpc"}

@@ -51,7 +51,7 @@ class Worker:
         self.policy = make_policy(self.cfg.policy, **self.cfg.policy_opts)
         self.user = build_user(self.cfg)
         self.judge = build_judge(self.cfg)
-        self.envs = Environments(self.cfg.servers)
+        self.envs = Environments(self.cfg.servers, openenv=self.cfg.openenv_spec)
 
     def run_chunk(self, keys: list[Key]) -> tuple[int, int]:
         """Run the attempts, write one shard; returns (ok, system_errors)."""

@@ -23,7 +23,7 @@ from typing import Any
 
 from tbhpc.env.grade import Grade, grade
 from tbhpc.env.judge import Judge
-from tbhpc.env.session import EnvSession, Environment
+from tbhpc.env.session import EnvSession, Environment, HostedSession
 from tbhpc.env.users import UserSimulator
 from tbhpc.errors import InfraError
 from tbhpc.interpret import interpret
@@ -84,19 +84,21 @@ def run_episode(task: Task, env: Environment, policy: Policy, user: UserSimulato
     start = time.monotonic()
     usage = {"agent": Usage(), "user": Usage(), "judge": Usage()}
     res = EpisodeResult(task.id, task.domain, policy.name, "ok", None, None, "", host=socket.gethostname())
-    messages = [{"role": "system", "content": env.system_prompt(cfg.agent_prompt)},
-                {"role": "user", "content": task.query}]
+    messages = [{"role": "user", "content": task.query}]
     res.messages = messages
     session = None
     try:
         session = env.open(task, cfg.tool_timeout_s)
+        messages.insert(0, {"role": "system", "content": session.system_prompt(cfg.agent_prompt)})
         res.degraded = getattr(session, "degraded", "")
-        turns = _Turns(task, policy.session(task, seed=seed), user.session(task), session, messages, res, usage,
-                       cfg.max_agent_turns or env.max_agent_turns(task))
+        hosted = isinstance(session, HostedSession)    # the environment plays the user and grades
+        turns = _Turns(task, policy.session(task, seed=seed), session if hosted else user.session(task), session,
+                       messages, res, usage, cfg.max_agent_turns or session.max_agent_turns())
         res.tools = turns.tools
         res.finish_reason = turns.run()
         res.final_message = _final_message(messages)
-        g: Grade = grade(task, session.check_state(), res.final_message, judge, usage["judge"])
+        g: Grade = (session.verdict(res.final_message, res.finish_reason) if hosted else
+                    grade(task, session.check_state(), res.final_message, judge, usage["judge"]))
         res.reward, res.passed, res.grade = g.reward, g.passed, g.to_dict()
     except InfraError as exc:
         res.status, res.finish_reason = "system_error", "system_error"

@@ -22,6 +22,12 @@ class LocalSession:
         self.backend = domain.backend(task)
         self.box = domain.toolbox(self.backend, tool_timeout_s)
 
+    def system_prompt(self, agent_prompt: str) -> str:
+        return self.domain.system_prompt(agent_prompt)
+
+    def max_agent_turns(self) -> int:
+        return self.domain.max_agent_turns(self.task)
+
     def schemas(self) -> list[dict]:
         return self.domain.tool_schemas
 

@@ -1,13 +1,16 @@
-"""Which Environment runs a task: its built-in domain, or its ThinkingBox scenario's MCP servers.
+"""Which Environment runs a task: its built-in domain, its ThinkingBox scenario's MCP servers,
+or an OpenEnv environment.
 
 Why one resolver: campaign workers, training rollouts and the episode command all hold tasks
 and need "the environment for this task". A built-in task (`task.backend == {}`) runs in
 process; a task whose backend says `tb-mcp` runs on the servers named by a servers file, with
-the worker's warm pools shared across all scenarios that use the same server.
+the worker's warm pools shared across all scenarios that use the same server. With an OpenEnv
+spec every task runs on that environment (reached by URL, or launched here and stopped at close).
 """
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
 from tbhpc.env.session import Environment
@@ -16,16 +19,21 @@ from tbhpc.tasks.schema import Task
 
 
 class Environments:
-    def __init__(self, servers_file: str | Path | None = None, announce: bool = False):
+    def __init__(self, servers_file: str | Path | None = None, announce: bool = False, openenv=None):
         if servers_file and not Path(servers_file).is_file():
             raise UserError(f"--servers {servers_file}: not a file (the MCP servers file)")
         self.servers_file, self.announce = servers_file, announce   # announce: say what the environment lacks (once)
+        self.openenv = openenv            # an OpenEnvSpec: every task runs there
+        self._openenv_env = self._launched = None
+        self._lock = threading.Lock()      # worker threads ask at once; one launch
         self._specs = None
         self._pools: dict = {}
         self._datasets: dict = {}
         self._envs: dict = {}
 
     def for_task(self, task: Task) -> Environment:
+        if self.openenv is not None:
+            return self._remote()
         if not task.backend:
             from tbhpc.domains import get_domain
             return get_domain(task.domain)
@@ -58,16 +66,37 @@ class Environments:
             self._datasets[source] = TBDataset(source)
         return MCPEnvironment(self._datasets[source].scenario(scenario), self._pools, strip_sources=self._no_search)
 
+    def _remote(self):
+        with self._lock:
+            return self._remote_locked()
+
+    def _remote_locked(self):
+        if self._openenv_env is None:
+            from tbhpc.openenv.launch import Launched
+            from tbhpc.openenv.remote import OpenEnvEnvironment
+            url = self.openenv.url
+            if url is None:
+                self._launched = Launched(self.openenv)
+                url = self._launched.url
+            self._openenv_env = OpenEnvEnvironment(url, timeout_s=self.openenv.timeout_s)
+        return self._openenv_env
+
     def close(self) -> None:
         for pool in self._pools.values():
             pool.close()
+        if self._launched is not None:
+            self._launched.stop()
+            self._launched = self._openenv_env = None
 
 
-def preflight(tasks: list[Task], servers_file: str | Path | None) -> None:
+def preflight(tasks: list[Task], servers_file: str | Path | None, openenv=None) -> None:
     """Before a campaign plans anything: every MCP task's servers are defined, start, offer every
     tool its scenario whitelists, and return `{}` to one real `__reserved__init` (with the first
-    task's config, then torn down). A mistake in the servers file, the scenario or the servers'
-    installation is then one clear line, not a system error on every attempt of an array task."""
+    task's config, then torn down); an OpenEnv environment answers, opens the first task and lists
+    its tools. A mistake in the servers file, the scenario, the servers' installation or the
+    environment's address is then one clear line, not a system error on every attempt of an array task."""
+    if openenv is not None:
+        return _preflight_openenv(tasks, openenv)
     firsts: dict[tuple, Task] = {}
     for t in tasks:
         if t.backend:
@@ -82,6 +111,17 @@ def preflight(tasks: list[Task], servers_file: str | Path | None) -> None:
                 envs.for_task(task).check(task)
             except InfraError as exc:
                 raise UserError(f"{servers_file}: servers check failed for scenario {scenario} (task {task.id}): {exc}") from None
+    finally:
+        envs.close()
+
+
+def _preflight_openenv(tasks: list[Task], spec) -> None:
+    from tbhpc.errors import InfraError
+    envs = Environments(openenv=spec)
+    try:
+        envs.for_task(tasks[0]).open(tasks[0]).close()
+    except InfraError as exc:
+        raise UserError(f"field 'openenv': the environment cannot run task {tasks[0].id}: {exc}") from None
     finally:
         envs.close()
 

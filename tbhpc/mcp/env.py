@@ -107,6 +107,12 @@ class MCPSession:
                 "name": st.name, "description": st.description or tool.description or "", "parameters": params}})
         return visible
 
+    def system_prompt(self, agent_prompt: str) -> str:
+        return self.env.system_prompt(agent_prompt)
+
+    def max_agent_turns(self) -> int:
+        return self.env.max_agent_turns(self.task)
+
     def schemas(self) -> list[dict]:
         return [schema for _, schema in self.tools.values()]
 

@@ -38,6 +38,8 @@ class TrainConfig:
     exclude: list[str] = field(default_factory=list)   # id lists that must not appear in the pool (e.g. the eval split)
     pack: str | None = None               # task pack, or tb:DIR (a ThinkingBox data checkout); None = the bundled pack
     servers: str | None = None            # servers file for MCP tool servers (tb: packs)
+    environment: str = "local"            # local (tbhpc's backends) | openenv (rollouts on the OpenEnv environment below)
+    openenv: dict[str, Any] = field(default_factory=dict)   # OpenEnvSpec: url | launch | uv_project, timeouts
     steps: int = 50
     max_seconds: float = 0.0              # a wall-time budget: the run ends after the step that reaches it (0: off)
     seed: int = 0
@@ -290,5 +292,7 @@ class TrainConfig:
             raise UserError(f"{source}: field 'refresh_pool': {self.refresh_pool} is not a file (a pool file or task-id list)")
         if self.servers and not Path(self.servers).is_file():
             raise UserError(f"{source}: field 'servers': {self.servers} is not a file (the MCP servers file)")
+        from tbhpc.openenv.launch import openenv_spec
+        openenv_spec(self.environment, self.openenv, source)
         if self.model.startswith(("/", ".", "~")) and not Path(self.model).expanduser().is_dir():
             raise UserError(f"{source}: field 'model': {self.model} is not a directory (an HF model directory)")

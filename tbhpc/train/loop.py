@@ -89,9 +89,10 @@ class Trainer:
                                      cfg.refresh_size, cfg.max_staleness)
         from tbhpc.agents import check_judge
         from tbhpc.env.registry import Environments, preflight
+        from tbhpc.openenv.launch import openenv_spec
         check_judge(tasks, cfg.judge, skip_field=False)
         if self.rank0:
-            preflight(tasks, cfg.servers)
+            preflight(tasks, cfg.servers, openenv_spec(cfg.environment, cfg.openenv, 'train config'))
         self.run_path = Path(run_path).resolve()
         self.eng = Engine(cfg, self.env)
         self.max_train_tokens = trainable_tokens(cfg)
@@ -103,7 +104,7 @@ class Trainer:
         self.store = make_store(self.env.rank, self.env.world, self.env.master_addr, self.env.master_port + 1)
         self.watch = Watch(self.store, self.env.rank, self.env.world, cfg.silence_timeout, cfg.collective_timeout,
                            "collective_timeout_s", on_fatal=self.fatal).start()
-        self.envs = Environments(cfg.servers)
+        self.envs = Environments(cfg.servers, openenv=openenv_spec(cfg.environment, cfg.openenv, 'train config'))
         self.ctx = RolloutContext(pool, {t.id: t for t in tasks}, self.envs.for_task, self._policy(), *_user_judge(cfg),
                                   group_size=cfg.group_size, seed=cfg.seed, max_reruns=cfg.max_reruns,
                                   max_staleness=cfg.max_staleness, episodes_in_flight=cfg.in_flight_per_rank(self.env.world) if cfg.generator != "local" else 1,

@@ -1,0 +1,51 @@
+"""`tbhpc openenv-serve PACK`: serve a pack's tasks as an OpenEnv environment (tbhpc.openenv.server)."""
+from __future__ import annotations
+
+import sys
+
+from tbhpc.errors import UserError
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("openenv-serve", help="serve a pack's tasks as an OpenEnv environment (reset/step/state, MCP tools)")
+    p.add_argument("pack", help="pack file/dir, a bundled pack name, or tb:DIR (a ThinkingBox data checkout)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--servers", default=None, help="servers file for MCP tool servers (tb: sources)")
+    p.add_argument("--tasks", default=None, help="file of task ids to serve (default: every task of the pack)")
+    p.add_argument("--max-sessions", type=int, default=64, help="concurrent sessions (one attempt each)")
+    p.add_argument("--tool-timeout", type=float, default=10.0, help="seconds per tool call before a system error")
+    p.add_argument("--user", choices=("scripted", "openai"), default="scripted")
+    p.add_argument("--user-url"), p.add_argument("--user-model", default="default")
+    p.add_argument("--judge", choices=("keyword", "openai"), default="keyword")
+    p.add_argument("--judge-url"), p.add_argument("--judge-model", default="default")
+
+
+def run(args) -> int:
+    try:
+        import uvicorn
+        from tbhpc.openenv.server import Served, make_app
+    except ImportError as exc:
+        raise UserError(f"openenv-serve needs the openenv package ({exc.name} missing): run it from the "
+                        "OpenEnv environment (make env-openenv; .venv-openenv/bin/tbhpc openenv-serve ...)") from None
+    from pathlib import Path
+
+    from tbhpc.agents import build_judge, build_user, check_judge
+    from tbhpc.env.registry import Environments, preflight
+    from tbhpc.openenv.tasks import load_served_tasks
+    from tbhpc.tasks.loader import read_id_list
+    if args.max_sessions < 1:
+        raise UserError(f"--max-sessions must be >= 1, got {args.max_sessions}")
+    ids = read_id_list(Path(args.tasks)) if args.tasks else None
+    tasks = load_served_tasks(args.pack, ids)
+    check_judge(tasks, args.judge, skip_field=False)
+    preflight(tasks, args.servers)
+    envs = Environments(args.servers, announce=True)
+    served = Served(tasks, envs, build_user(args), build_judge(args), args.tool_timeout)
+    print(f"tbhpc openenv-serve: {len(tasks)} tasks from {args.pack} on http://{args.host}:{args.port} "
+          f"(ws /ws, MCP /mcp; up to {args.max_sessions} sessions)", file=sys.stderr, flush=True)
+    try:
+        uvicorn.run(make_app(served, args.max_sessions), host=args.host, port=args.port, log_level="warning")
+    finally:
+        envs.close()
+    return 0

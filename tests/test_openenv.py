@@ -1,0 +1,178 @@
+"""OpenEnv both ways, on loopback: `tbhpc openenv-serve` (OpenEnv's own server classes, in
+.venv-openenv) driven by tbhpc's episode loop through `tbhpc.openenv.remote`, and by OpenEnv's own
+client classes. `make test` builds .venv-openenv and sets TBHPC_REQUIRE_OPENENV=1, so these fail,
+never skip, when it is missing.
+
+The misbehaving environments below are small WebSocket servers written here (real sockets): they
+stand in for a broken third-party environment, which is what the error paths are about."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tbhpc.domains import get_domain
+from tbhpc.env.episode import run_episode
+from tbhpc.env.users import ScriptedUser
+from tbhpc.openenv.remote import OpenEnvEnvironment
+from tbhpc.policy.scripted import NoopPolicy, OraclePolicy
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def openenv_python() -> str:
+    return os.environ.get("TBHPC_OPENENV_PYTHON") or str(REPO / ".venv-openenv" / "bin" / "python")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(*args: str, timeout: float = 120.0):
+    """`tbhpc openenv-serve ARGS` on a free port; (process, base URL) once /health answers."""
+    if not Path(openenv_python()).exists():
+        if os.environ.get("TBHPC_REQUIRE_OPENENV"):
+            pytest.fail(f"TBHPC_REQUIRE_OPENENV is set but {openenv_python()} does not exist (make env-openenv)")
+        pytest.skip("no OpenEnv environment (run `make env-openenv`)")
+    port = free_port()
+    proc = subprocess.Popen([openenv_python(), "-m", "tbhpc", "openenv-serve", *args, "--port", str(port)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"openenv-serve exited {proc.returncode}: {proc.stdout.read()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"openenv-serve did not answer /health within {timeout:g} s")
+
+
+def stop(proc) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def served():
+    proc, url = start_server("default", "--max-sessions", "16")
+    yield url
+    stop(proc)
+
+
+def _key(r):
+    g = r.grade or {}
+    return (r.status, r.reward, r.passed, r.finish_reason, r.tool_calls, r.tool_errors, r.user_turns,
+            g.get("final_hash"), g.get("golden_hash"), g.get("state_match"), tuple(g.get("output_missing") or ()))
+
+
+def test_every_task_gives_the_same_verdict_and_final_state_through_openenv(served, pack_tasks):
+    """The whole bundled pack, oracle and noop, in process and through the OpenEnv server
+    (8 sessions at a time): identical verdicts, final-state hashes and transcripts."""
+    remote = OpenEnvEnvironment(served)
+
+    def both(job):
+        task, policy = job
+        local = run_episode(task, get_domain(task.domain), policy, ScriptedUser())
+        there = run_episode(task, remote, policy, ScriptedUser())
+        return task.id, policy.name, local, there
+
+    jobs = [(t, p) for t in pack_tasks for p in (OraclePolicy(), NoopPolicy())]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(both, jobs))
+    diffs = [(tid, name, _key(a), _key(b)) for tid, name, a, b in results if _key(a) != _key(b)]
+    assert not diffs, diffs[:3]
+    for tid, name, a, b in results:
+        assert a.messages == b.messages and a.tools == b.tools, (tid, name)
+    verdicts = {name: sum(a.passed for _, n, a, _ in results if n == name) for name in ("oracle", "noop")}
+    assert verdicts["oracle"] == len(pack_tasks) and verdicts["noop"] < len(pack_tasks) // 4, verdicts
+
+
+def test_concurrent_sessions_writing_the_same_rows_stay_isolated(served, pack_tasks):
+    """16 sessions on one task at once, half replaying its golden writes and half doing nothing:
+    every writer passes with the golden hash, every idle one fails with the initial-state hash."""
+    task = next(t for t in pack_tasks if len([c for c in t.golden_calls if get_domain(t.domain).tools[c.tool].mutates]) >= 2)
+    remote = OpenEnvEnvironment(served)
+    barrier = threading.Barrier(16)
+
+    class Gated:
+        """The oracle or noop, each first waiting until all 16 sessions are open."""
+        def __init__(self, inner):
+            self.inner, self.name = inner, inner.name
+
+        def session(self, t, seed=0):
+            s = self.inner.session(t, seed=seed)
+            barrier.wait(timeout=60)
+            return s
+
+    with ThreadPoolExecutor(16) as pool:
+        runs = list(pool.map(lambda i: run_episode(task, remote, Gated(OraclePolicy() if i % 2 else NoopPolicy()),
+                                                   ScriptedUser()), range(16)))
+    local_pass = run_episode(task, get_domain(task.domain), OraclePolicy(), ScriptedUser())
+    local_noop = run_episode(task, get_domain(task.domain), NoopPolicy(), ScriptedUser())
+    for i, r in enumerate(runs):
+        want = local_pass if i % 2 else local_noop
+        assert r.status == "ok" and r.passed == want.passed, (i, r.error)
+        assert r.grade["final_hash"] == want.grade["final_hash"]
+
+
+def test_openenvs_own_client_drives_the_server(served, pack_tasks):
+    """OpenEnv's MCPToolClient (HTTP /mcp + /ws, in .venv-openenv): reset by task id, list the
+    tools, replay the golden calls, talk to the user, finish; a second session does nothing."""
+    task = next(t for t in pack_tasks if t.golden_calls and "- " in t.user_context)
+    script = textwrap.dedent("""
+        import json, sys
+        from openenv.core.mcp_client import MCPToolClient
+        task = json.loads(sys.argv[2])
+        out = {}
+        with MCPToolClient(base_url=sys.argv[1]).sync() as env:
+            first = env.reset(task_id=task["id"])
+            out["first"] = first.observation.model_dump()
+            out["tools"] = [t.name for t in env.list_tools()]
+            out["outputs"] = [env.call_tool(c["tool"], **c["parameters"]) for c in task["calls"]]
+            out["reply"] = env.call_tool("submit_message", text="Could you confirm, shall I proceed?")
+            out["finish"] = env.call_tool("finish", message=task["final"], reason="done")
+            out["state"] = env.state().model_dump()
+        with MCPToolClient(base_url=sys.argv[1]).sync() as env:
+            env.reset(task_id=task["id"])
+            out["noop"] = env.call_tool("finish", message="Nothing to do. <DONE>")
+        print(json.dumps(out, default=str))
+    """)
+    payload = {"id": task.id, "final": task.golden_response + " <DONE>",
+               "calls": [{"tool": c.tool, "parameters": dict(c.parameters)} for c in task.golden_calls]}
+    p = subprocess.run([openenv_python(), "-c", script, served, json.dumps(payload)], capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["first"]["task_id"] == task.id and out["first"]["message"] == task.query
+    assert out["tools"][-1] == "submit_message" and "finish" not in out["tools"]
+    assert set(c.tool for c in task.golden_calls) <= set(out["tools"])
+    assert all(o["error"] is None and o["done"] is False for o in out["outputs"])
+    assert out["reply"]["result"]["reply"] == "Yes, please go ahead."
+    fin = out["finish"]
+    assert fin["done"] is True and fin["reward"] == 1.0 and fin["metadata"]["reward_type"] == "pass"
+    assert fin["result"]["grade"]["final_hash"] == fin["result"]["grade"]["golden_hash"]
+    noop = out["noop"]
+    assert noop["done"] is True and noop["reward"] == 0.0 and noop["metadata"]["reward_type"] == "fail"
+    assert noop["result"]["grade"]["state_match"] is False or noop["result"]["grade"]["output_missing"]
