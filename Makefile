@@ -100,8 +100,9 @@ warmstart-demo: $(DEMO_WARM)/config.json
 $(DEMO_WARM)/config.json: $(STAMP)
 	OMP_NUM_THREADS=2 $(VENV)/bin/tbhpc warmstart --recipe demo$(if $(filter demo,$(PACK)),-pack) --out $(DEMO_WARM)
 
-bench: env env-vllm model-smollm2 $(WARM)/config.json
+bench: env env-vllm env-openenv model-smollm2 $(WARM)/config.json
 	$(VPY) bench/episode_overhead.py
+	TBHPC_OPENENV_PYTHON=$(abspath $(OPENENV_VENV))/bin/python $(VPY) bench/openenv_overhead.py
 	$(VPY) bench/results_scale.py
 	$(VPY) bench/mcp_overhead.py
 	$(VPY) bench/transcripts.py

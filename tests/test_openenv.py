@@ -47,7 +47,7 @@ def start_server(*args: str, timeout: float = 120.0):
             pytest.fail(f"TBHPC_REQUIRE_OPENENV is set but {openenv_python()} does not exist (make env-openenv)")
         pytest.skip("no OpenEnv environment (run `make env-openenv`)")
     port = free_port()
-    proc = subprocess.Popen([openenv_python(), "-m", "tbhpc", "openenv-serve", *args, "--port", str(port)],
+    proc = subprocess.Popen([openenv_python(), "-m", "tbhpc.cli", "openenv-serve", *args, "--port", str(port)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}"
@@ -76,7 +76,7 @@ def stop(proc) -> None:
 
 @pytest.fixture(scope="module")
 def served():
-    proc, url = start_server("default", "--max-sessions", "16")
+    proc, url = start_server("default", "--max-sessions", "32")
     yield url
     stop(proc)
 
@@ -176,3 +176,69 @@ def test_openenvs_own_client_drives_the_server(served, pack_tasks):
     noop = out["noop"]
     assert noop["done"] is True and noop["reward"] == 0.0 and noop["metadata"]["reward_type"] == "fail"
     assert noop["result"]["grade"]["state_match"] is False or noop["result"]["grade"]["output_missing"]
+
+
+def test_a_thinkingbox_format_source_gives_the_same_verdicts_through_openenv(tmp_path, pack_tasks):
+    """The MCP path: built-in tasks exported as a ThinkingBox data directory (servers are real
+    `tbhpc mcp-serve` processes), run through tbhpc's MCP client here and through the OpenEnv
+    server (whose MCP client runs on the SDK openenv pins): the same verdicts and final states."""
+    pytest.importorskip("mcp")
+    import yaml
+
+    from tbhpc.env.registry import Environments
+    from tbhpc.tb.dataset import TBDataset
+    from tbhpc.tb.export import write_dataset
+    writes = lambda t: any(get_domain(t.domain).tools[c.tool].mutates for c in t.golden_calls)   # noqa: E731
+    originals = [t for t in pack_tasks if t.split == "eval" and t.domain == "retail" and writes(t)][:3]
+    root = write_dataset(originals, tmp_path / "tbdata")
+    ids = yaml.safe_load((root / "testlist.yaml").read_text())
+    tasks = TBDataset(root).tasks(ids)
+    proc, url = start_server(f"tb:{root}", "--servers", str(root / "servers.yaml"))
+    envs = Environments(root / "servers.yaml")
+    try:
+        remote = OpenEnvEnvironment(url)
+        for task in tasks:
+            for policy in (OraclePolicy(), NoopPolicy()):
+                here = run_episode(task, envs.for_task(task), policy, ScriptedUser())
+                there = run_episode(task, remote, policy, ScriptedUser())
+                assert here.status == there.status == "ok", (here.error, there.error)
+                assert _key(here) == _key(there), (task.id, policy.name)
+                assert here.passed == (policy.name == "oracle")
+    finally:
+        envs.close()
+        stop(proc)
+
+
+def test_training_rollouts_run_on_an_openenv_environment(served, warm_dir, tasks_by_id):
+    """The trainer's rank rollouts with `environment: openenv` (the real warm model, token-exact):
+    the environment's tools reach the prompt and every episode is graded there, 0 or 1."""
+    import torch
+    import yaml
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tbhpc.env.judge import KeywordJudge
+    from tbhpc.env.registry import Environments
+    from tbhpc.openenv.launch import OpenEnvSpec
+    from tbhpc.policy.generation import LocalGenerator
+    from tbhpc.policy.tokens import TokenPolicy
+    from tbhpc.train.queue import DrawQueue, make_store
+    from tbhpc.train.rollouts import RolloutContext, run_rank_rollouts
+    ids = yaml.safe_load((REPO / "jobs/pools/smoke.yaml").read_text())["tasks"][:2]
+    tok = AutoTokenizer.from_pretrained(warm_dir)
+    model = AutoModelForCausalLM.from_pretrained(warm_dir, dtype=torch.float32).eval()
+    policy = TokenPolicy(generator="local", max_tokens=48, response_budget=160)
+    policy._engine = (tok, LocalGenerator.for_tokenizer(model, tok))
+    envs = Environments(openenv=OpenEnvSpec(url=served))
+    ctx = RolloutContext(ids, {i: tasks_by_id[i] for i in ids}, envs.for_task, policy, ScriptedUser(), KeywordJudge(),
+                         group_size=2, seed=1, max_reruns=1, episodes_in_flight=2)
+    try:
+        outcomes = run_rank_rollouts(ctx, DrawQueue(make_store(0, 1), step=1, need=1, cap=2), step=1, expected_version=0)
+    finally:
+        envs.close()
+    rollouts = [r for g in outcomes for r in g.rollouts]
+    assert rollouts and all(r.result.status == "ok" and r.episode.reward in (0.0, 1.0) for r in rollouts)
+    for r in rollouts:
+        task = tasks_by_id[r.episode.task_id]
+        prompt = tok.decode(r.episode.tokens[r.episode.loss_mask == 0][:4000].tolist())
+        assert all(name in prompt for name in get_domain(task.domain).scenario.tools)
+        assert r.result.grade["final_hash"] and r.episode.loss_mask.sum() > 0

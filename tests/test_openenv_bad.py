@@ -153,3 +153,11 @@ def test_a_launch_that_dies_is_one_line_with_its_output(tmp_path, pack_tasks):
                          openenv={"launch": "sh -c 'echo no such environment >&2; exit 3' {port}"})
     with pytest.raises(UserError, match=r"exited with status 3 before answering: no such environment"):
         run_campaign(cfg, tmp_path / "run")
+
+
+def test_a_uv_project_without_uv_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))          # no uv on PATH
+    cfg = CampaignConfig(name="oe", limit=1, environment="openenv", openenv={"uv_project": str(tmp_path)})
+    assert cfg.openenv_spec.command(8000)[:5] == ["uv", "run", "--isolated", "--project", str(tmp_path)]
+    with pytest.raises(UserError, match=r"field 'openenv': cannot start 'uv': No such file or directory"):
+        run_campaign(cfg, tmp_path / "run")

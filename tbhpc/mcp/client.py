@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import re
 import tempfile
 import threading
@@ -145,10 +146,10 @@ class ServerConnection:
     def call(self, name: str, arguments: dict[str, Any], timeout_s: float) -> tuple[str, bool]:
         """The tool's text output and whether the server flagged it as an error."""
         self.calls += 1
-        result = self._wait(self._request(lambda s: s.call_tool(name, arguments, read_timeout_seconds=timeout_s)),
+        result = self._wait(self._request(lambda s: s.call_tool(name, arguments, read_timeout_seconds=_read_timeout(timeout_s))),
                             name, timeout_s + 5.0)
         text = "".join(getattr(c, "text", "") for c in result.content)
-        return text, bool(result.is_error)
+        return text, bool(sdk_field(result, "is_error", "isError"))
 
     def close(self) -> None:
         """Close stdin and let the SDK stop the process (non-blocking)."""
@@ -263,3 +264,23 @@ def _close_pools() -> None:
         pool.close()
     if _POOLS:
         time.sleep(0.05)   # let the loop deliver the closes; the SDK then stops each process
+
+
+# The MCP SDK 2.x renamed fields (inputSchema -> input_schema, isError -> is_error) and takes the
+# read timeout in seconds, where 1.x takes a timedelta. tbhpc runs on 2.x; `tbhpc openenv-serve`
+# runs beside openenv, whose fastmcp 3 pins 1.x, and serves ThinkingBox sources through this client.
+def sdk_field(obj: Any, name: str, legacy: str) -> Any:
+    return getattr(obj, name) if hasattr(obj, name) else getattr(obj, legacy, None)
+
+
+def _read_timeout(seconds: float):
+    if _sdk_major() >= 2:
+        return seconds
+    from datetime import timedelta
+    return timedelta(seconds=seconds)
+
+
+@functools.cache
+def _sdk_major() -> int:
+    from importlib.metadata import version
+    return int(version("mcp").split(".")[0])

@@ -21,7 +21,7 @@ from typing import Any
 from tbhpc.env.session import StateCheck
 from tbhpc.env.tools import ToolResult, error_result
 from tbhpc.errors import UserError
-from tbhpc.mcp.client import ServerConnection, ServerPool, ToolServerError
+from tbhpc.mcp.client import ServerConnection, ServerPool, ToolServerError, sdk_field
 from tbhpc.mcp.serve import EFFECTS, INIT, TEARDOWN
 from tbhpc.tasks.schema import Task
 from tbhpc.tb.dataset import TBScenario, merge_init
@@ -99,7 +99,7 @@ class MCPSession:
                 raise UserError(f"{self.env.scenario.file}: tool {st.name!r} is whitelisted but none of the scenario's "
                                 f"servers ({', '.join(self.conns)}) offers it")
             server, tool = offered[st.name]
-            params = plain_schema(tool.input_schema or {"type": "object", "properties": {}})
+            params = plain_schema(sdk_field(tool, "input_schema", "inputSchema") or {"type": "object", "properties": {}})
             for arg, text in st.arg_descriptions:
                 if isinstance(params.get("properties", {}).get(arg), dict):
                     params["properties"][arg]["description"] = text

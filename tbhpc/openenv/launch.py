@@ -2,8 +2,8 @@
 
 Why a launch of its own per worker: an array task on a compute node cannot reach a server on
 the login node, and one environment server per worker keeps sessions local and the failure
-of one server to one worker. `uv_project` renders OpenEnv's own uv launch (`uv run --project DIR
-uvicorn server.app:app`); `launch` takes any command with `{port}` (e.g. `tbhpc openenv-serve`
+of one server to one worker. `uv_project` renders OpenEnv's own uv launch (`uv run --isolated --project DIR
+-- uvicorn server.app:app`); `launch` takes any command with `{port}` (e.g. `tbhpc openenv-serve`
 from .venv-openenv). A server that does not come up is the user's configuration: one line with
 the tail of its output, before any attempt runs.
 """
@@ -52,8 +52,8 @@ class OpenEnvSpec:
 
     def command(self, port: int) -> list[str]:
         if self.uv_project:
-            return ["uv", "run", "--project", self.uv_project, "uvicorn", self.app, "--host", "127.0.0.1",
-                    "--port", str(port)]
+            return ["uv", "run", "--isolated", "--project", self.uv_project, "--", "uvicorn", self.app,   # as OpenEnv's UVProvider
+                    "--host", "127.0.0.1", "--port", str(port)]
         return shlex.split(self.launch.replace("{port}", str(port)))
 
 
