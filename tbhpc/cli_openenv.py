@@ -22,12 +22,6 @@ def add_parsers(sub) -> None:
 
 
 def run(args) -> int:
-    try:
-        import uvicorn
-        from tbhpc.openenv.server import Served, make_app
-    except ImportError as exc:
-        raise UserError(f"openenv-serve needs the openenv package ({exc.name} missing): run it from the "
-                        "OpenEnv environment (make env-openenv; .venv-openenv/bin/tbhpc openenv-serve ...)") from None
     from pathlib import Path
 
     from tbhpc.agents import build_judge, build_user, check_judge
@@ -39,9 +33,16 @@ def run(args) -> int:
     ids = read_id_list(Path(args.tasks)) if args.tasks else None
     tasks = load_served_tasks(args.pack, ids)
     check_judge(tasks, args.judge, skip_field=False)
+    user, judge = build_user(args), build_judge(args)
+    try:
+        import uvicorn
+        from tbhpc.openenv.server import Served, make_app
+    except ImportError as exc:
+        raise UserError(f"openenv-serve needs the openenv package ({exc.name} missing): run it from the "
+                        "OpenEnv environment (make env-openenv; .venv-openenv/bin/tbhpc openenv-serve ...)") from None
     preflight(tasks, args.servers)
     envs = Environments(args.servers, announce=True)
-    served = Served(tasks, envs, build_user(args), build_judge(args), args.tool_timeout)
+    served = Served(tasks, envs, user, judge, args.tool_timeout)
     print(f"tbhpc openenv-serve: {len(tasks)} tasks from {args.pack} on http://{args.host}:{args.port} "
           f"(ws /ws, MCP /mcp; up to {args.max_sessions} sessions)", file=sys.stderr, flush=True)
     try:

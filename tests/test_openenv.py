@@ -242,3 +242,40 @@ def test_training_rollouts_run_on_an_openenv_environment(served, warm_dir, tasks
         prompt = tok.decode(r.episode.tokens[r.episode.loss_mask == 0][:4000].tolist())
         assert all(name in prompt for name in get_domain(task.domain).scenario.tools)
         assert r.result.grade["final_hash"] and r.episode.loss_mask.sum() > 0
+
+
+def test_a_campaign_on_a_launched_environment_records_what_the_local_one_does(tmp_path):
+    """`environment: openenv` with `launch`: the worker starts `tbhpc openenv-serve` itself, stops it
+    when done, and the DuckDB rows (a noisy oracle: passes and fails) equal the in-process campaign's."""
+    import duckdb
+
+    from tbhpc.campaign.config import CampaignConfig
+    from tbhpc.campaign.runner import run_campaign
+    if not Path(openenv_python()).exists():
+        start_server()             # fails or skips with the reason
+    common = dict(name="oe", limit=8, repeats=2, chunk_size=4, policy_opts={"skill": 0.6})
+    launch = f"{openenv_python()} -m tbhpc.cli openenv-serve default --port {{port}}"
+    local = run_campaign(CampaignConfig(**common), tmp_path / "local")
+    there = run_campaign(CampaignConfig(**common, environment="openenv", openenv={"launch": launch}), tmp_path / "remote")
+    assert (there.planned, there.ok, there.system_errors) == (local.planned, local.ok, 0) == (16, 16, 0)
+    q = ("SELECT task_id, attempt_index, reward, passed, status, finish_reason, tool_calls, final_hash, golden_hash "
+         "FROM attempts ORDER BY task_id, attempt_index")
+    rows = [duckdb.connect(str(tmp_path / r / "results.duckdb"), read_only=True).execute(q).fetchall() for r in ("local", "remote")]
+    assert rows[0] == rows[1] and 0 < sum(r[3] for r in rows[0]) < 16
+    left = subprocess.run(["pgrep", "-f", "openenv-serve default --port"], capture_output=True, text=True).stdout.split()
+    assert not left, f"the launched server outlived its campaign: {left}"
+
+
+def test_the_task_api_lists_what_is_served_and_a_campaign_asking_for_more_is_one_line(served, pack_tasks, tmp_path):
+    from tbhpc.campaign.config import CampaignConfig
+    from tbhpc.campaign.runner import run_campaign
+    from tbhpc.errors import UserError
+    from tbhpc.openenv.remote import served_task_ids
+    assert served_task_ids(served) == {t.id for t in pack_tasks}
+    with urllib.request.urlopen(served + "/tbhpc/splits") as r:
+        assert {s["name"] for s in json.loads(r.read())} == {"train", "eval", "all"}
+    cfg = CampaignConfig(name="oe", pack="demo", limit=3, environment="openenv", openenv={"url": served})
+    with pytest.raises(UserError, match=r"field 'openenv': 3 task\(s\) are not served by the environment at .* "
+                                        r"\(first: demo_.*; it serves 612\)"):
+        run_campaign(cfg, tmp_path / "run")
+    assert not (tmp_path / "run").exists()

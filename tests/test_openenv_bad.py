@@ -161,3 +161,18 @@ def test_a_uv_project_without_uv_is_one_line(tmp_path, monkeypatch):
     assert cfg.openenv_spec.command(8000)[:5] == ["uv", "run", "--isolated", "--project", str(tmp_path)]
     with pytest.raises(UserError, match=r"field 'openenv': cannot start 'uv': No such file or directory"):
         run_campaign(cfg, tmp_path / "run")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["default"], "openenv-serve needs the openenv package"),       # this environment has no openenv: one line
+    (["no-such-pack"], "no-such-pack"),                             # checked before anything else
+    (["default", "--max-sessions", "0"], "--max-sessions must be >= 1"),
+])
+def test_openenv_serve_refuses_in_one_line(args, message):
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "tbhpc.cli", "openenv-serve", *args], capture_output=True, text=True, timeout=60)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("tbhpc: error:"), p.stderr
+    if message:
+        assert message in lines[0]

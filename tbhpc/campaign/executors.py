@@ -39,9 +39,12 @@ class LocalExecutor:
             return
         if self.workers == 1:
             worker = Worker(run_path)
-            for chunk in chunks:
-                check_interrupt()
-                on_chunk(*worker.run_chunk(chunk))
+            try:
+                for chunk in chunks:
+                    check_interrupt()
+                    on_chunk(*worker.run_chunk(chunk))
+            finally:
+                worker.close()          # e.g. stop a launched OpenEnv server now, not at interpreter exit
             return
         ctx = mp.get_context("spawn")
         pool: ProcessPoolExecutor | None = None

@@ -53,6 +53,9 @@ class Worker:
         self.judge = build_judge(self.cfg)
         self.envs = Environments(self.cfg.servers, openenv=self.cfg.openenv_spec)
 
+    def close(self) -> None:
+        self.envs.close()
+
     def run_chunk(self, keys: list[Key]) -> tuple[int, int]:
         """Run the attempts, write one shard; returns (ok, system_errors)."""
         if self.cfg.concurrency > 1 and len(keys) > 1:

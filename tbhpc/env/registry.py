@@ -116,10 +116,19 @@ def preflight(tasks: list[Task], servers_file: str | Path | None, openenv=None) 
 
 
 def _preflight_openenv(tasks: list[Task], spec) -> None:
+    """The environment answers, serves every task asked of it (where it lists its tasks), and opens
+    the first one."""
     from tbhpc.errors import InfraError
+    from tbhpc.openenv.remote import served_task_ids
     envs = Environments(openenv=spec)
     try:
-        envs.for_task(tasks[0]).open(tasks[0]).close()
+        env = envs.for_task(tasks[0])
+        offered = served_task_ids(env.url)
+        missing = [t.id for t in tasks if offered is not None and t.id not in offered]
+        if missing:
+            raise UserError(f"field 'openenv': {len(missing)} task(s) are not served by the environment at {env.url} "
+                            f"(first: {missing[0]}; it serves {len(offered)})")
+        env.open(tasks[0]).close()
     except InfraError as exc:
         raise UserError(f"field 'openenv': the environment cannot run task {tasks[0].id}: {exc}") from None
     finally:

@@ -160,3 +160,28 @@ def _grade(obs: dict, url: str) -> Grade:
                      str(g.get("golden_hash", "")), list(g.get("diff") or []), list(g.get("output_missing") or []),
                      list(g.get("rubrics") or []))
     return Grade(float(reward), passed, passed, "", "")
+
+
+def served_task_ids(url: str, timeout_s: float = 30.0) -> set[str] | None:
+    """The task ids an environment offers through OpenEnv's task API (split "all"), or None when it
+    has no task API (it may still serve the tasks: only a reset can tell)."""
+    import urllib.error
+    import urllib.request
+    base = url.rstrip("/")
+    if base.startswith("ws"):
+        base = "http" + base[2:]
+    base = base.removesuffix("/ws")
+    try:
+        with urllib.request.urlopen(base + "/list_environments", timeout=timeout_s) as r:
+            names = json.loads(r.read())
+        req = urllib.request.Request(f"{base}/{names[0]}/tasks", data=json.dumps({"split": "all"}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            tasks = json.loads(r.read())["tasks"]
+        return {t["task_id"] for t in tasks}
+    except urllib.error.HTTPError:       # it answers, without (this) task API
+        return None
+    except urllib.error.URLError as exc:
+        raise OpenEnvError(f"OpenEnv environment {url}: cannot connect", exc.reason if isinstance(exc.reason, BaseException) else exc) from None
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise OpenEnvError(f"OpenEnv environment {url}: malformed task list", exc) from None

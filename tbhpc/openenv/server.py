@@ -124,6 +124,23 @@ class TaskEnvironment(Environment):
             return _terminal(name, a.verdict)
         return CallToolObservation(tool_name=name, result=out["output"], metadata={"ok": out["ok"], "end_turn": out["end_turn"]})
 
+    # OpenEnv's task API (GET /list_environments, /tbhpc/splits; POST /tbhpc/tasks, /num_tasks, /task):
+    # what a client may reset to. Split "all" lists every served task.
+    def list_splits(self) -> list[str]:
+        return sorted({t.split for t in self.served.tasks}) + ["all"]
+
+    def list_tasks(self, split: str) -> list[dict]:
+        return [{"task_id": t.id, "domain": t.domain, "split": t.split} for t in self._split(split)]
+
+    def num_tasks(self, split: str) -> int:
+        return len(self._split(split))
+
+    def get_task(self, split: str, index: int) -> dict:
+        return self.list_tasks(split)[index]        # IndexError: OpenEnv answers 400
+
+    def _split(self, split: str) -> list[Task]:
+        return [t for t in self.served.tasks if split in ("all", t.split)]
+
     @property
     def state(self) -> AttemptState:
         a = self.attempt
@@ -150,12 +167,15 @@ def _tool_error(name: str, kind: ToolErrorType, message: str) -> CallToolObserva
     return CallToolObservation(tool_name=name, result=None, error=ToolError(error_type=kind, message=message))
 
 
+ENV_NAME = "tbhpc"
+
+
 def make_app(served: Served, max_sessions: int = 64):
     """The FastAPI app: OpenEnv's HTTPEnvServer in production mode over TaskEnvironment sessions."""
     from fastapi import FastAPI
     app = FastAPI(title="tbhpc OpenEnv environment")
     server = HTTPEnvServer(functools.partial(TaskEnvironment, served), CallToolAction, CallToolObservation,
-                           max_concurrent_envs=max_sessions, env_name="tbhpc", state_cls=AttemptState,
+                           max_concurrent_envs=max_sessions, env_name=ENV_NAME, state_cls=AttemptState,
                            reset_observation_cls=TaskObservation)
     server.register_routes(app, mode=ServerMode.PRODUCTION)
     app.state.openenv_server = server
