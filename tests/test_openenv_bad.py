@@ -46,6 +46,9 @@ class FakeEnv:
                                        "max_agent_turns": 5, "max_user_turns": 3}, "reward": None, "done": False}
             elif msg["data"]["type"] == "list_tools":
                 out = {"observation": {"tools": [{"name": "lookup", "description": "", "input_schema": {"type": "object", "properties": {}}}]}}
+            elif msg["data"]["tool_name"] == "submit_message" and self.mode == "user-ends":
+                out = {"observation": {"tool_name": "submit_message", "result": {}}, "done": True, "reward": 1.0,
+                       "metadata": {"reward_type": "pass", "finish_reason": "user_done"}}
             elif msg["data"]["tool_name"] != "finish":
                 out = {"observation": {"tool_name": msg["data"]["tool_name"], "result": {"reply": "ok"}}, "metadata": {"ok": True}}
             else:
@@ -176,3 +179,20 @@ def test_openenv_serve_refuses_in_one_line(args, message):
     assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("tbhpc: error:"), p.stderr
     if message:
         assert message in lines[0]
+
+
+def test_an_environment_that_ends_the_attempt_at_a_user_turn_gives_its_verdict(fake, pack_tasks):
+    from tbhpc.policy.base import Completion
+
+    class Chatty:
+        name = "chatty"
+
+        def session(self, task, seed=0):
+            class S:
+                def complete(self, messages, tools):
+                    return Completion("Is there anything else I can do?")
+            return S()
+
+    fake.mode = "user-ends"
+    r = run_episode(pack_tasks[0], OpenEnvEnvironment(fake.url), Chatty(), ScriptedUser())
+    assert (r.status, r.reward, r.passed, r.finish_reason, r.user_turns) == ("ok", 1.0, True, "env_done", 0), r.error

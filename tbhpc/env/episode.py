@@ -23,7 +23,7 @@ from typing import Any
 
 from tbhpc.env.grade import Grade, grade
 from tbhpc.env.judge import Judge
-from tbhpc.env.session import EnvSession, Environment, HostedSession
+from tbhpc.env.session import AttemptEnded, EnvSession, Environment, HostedSession
 from tbhpc.env.users import UserSimulator
 from tbhpc.errors import InfraError
 from tbhpc.interpret import interpret
@@ -47,7 +47,7 @@ class EpisodeResult:
     status: str                      # ok | system_error
     reward: float | None             # None for a system error
     passed: bool | None
-    finish_reason: str               # done | end_turn_tool | user_limit | agent_limit | response_budget | context_limit | system_error
+    finish_reason: str               # done | end_turn_tool | user_limit | agent_limit | response_budget | context_limit | env_done | system_error
     agent_turns: int = 0
     user_turns: int = 0
     tool_calls: int = 0
@@ -137,7 +137,10 @@ class _Turns:
                 return "done"
             if self.res.user_turns >= self.task.max_user_turns:
                 return "user_limit"
-            text, u = self.human.reply(self.messages)
+            try:
+                text, u = self.human.reply(self.messages)
+            except AttemptEnded as end:     # a hosting environment ended it (its user stopped, its cap)
+                return end.finish_reason
             self.usage["user"].add(u)
             self.res.user_turns += 1
             self.messages.append({"role": "user", "content": text})

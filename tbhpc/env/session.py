@@ -49,11 +49,20 @@ class EnvSession(Protocol):
     def close(self) -> None: ...
 
 
+class AttemptEnded(Exception):
+    """A HostedSession's environment ended the attempt while the agent was talking to its user
+    (its user stopped, or the user-turn cap it enforces was reached); the verdict is ready."""
+
+    def __init__(self, finish_reason: str):
+        super().__init__(finish_reason)
+        self.finish_reason = finish_reason
+
+
 @runtime_checkable
 class HostedSession(Protocol):
     """A session whose environment plays the user and grades the attempt itself."""
 
-    def reply(self, transcript: list[dict]) -> tuple[str, Any]: ...   # the user's answer to the last agent message
+    def reply(self, transcript: list[dict]) -> tuple[str, Any]: ...   # the user's answer; AttemptEnded when none comes
 
     def verdict(self, final_message: str, finish_reason: str) -> Any: ...   # a Grade; InfraError for a system error
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from tbhpc.env.episode import AGENT_PROMPT
 from tbhpc.env.grade import Grade
-from tbhpc.env.session import StateCheck
+from tbhpc.env.session import AttemptEnded, StateCheck
 from tbhpc.env.tools import ToolResult
 from tbhpc.errors import UserError
 from tbhpc.llm_client import Usage
@@ -30,6 +30,7 @@ from tbhpc.openenv.wire import Connection, OpenEnvError
 from tbhpc.tasks.schema import Task
 
 UNLIMITED = sys.maxsize
+ENDED_REASONS = ("user_limit", "done", "agent_limit", "end_turn_tool")   # kept as the environment says; others: env_done
 
 
 @dataclass
@@ -105,6 +106,9 @@ class OpenEnvSession:
     def reply(self, transcript: list[dict]) -> tuple[str, Usage]:
         last = next((m.get("content") or "" for m in reversed(transcript) if m["role"] == "assistant"), "")
         obs = self._step(SUBMIT, {"text": last})
+        if obs["done"]:                 # graded (a system error raised in _step)
+            reason = obs["metadata"].get("finish_reason")
+            raise AttemptEnded(reason if reason in ENDED_REASONS else "env_done")
         result = obs["observation"].get("result")
         if not isinstance(result, dict) or not isinstance(result.get("reply"), str):
             raise OpenEnvError(f"OpenEnv environment {self.env.url}: submit_message observation has no reply: {str(result)[:200]}")
