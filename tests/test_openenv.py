@@ -279,3 +279,39 @@ def test_the_task_api_lists_what_is_served_and_a_campaign_asking_for_more_is_one
                                         r"\(first: demo_.*; it serves 612\)"):
         run_campaign(cfg, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_short_trl_grpo_loop_trains_through_the_server(served, pack_tasks, tmp_path):
+    """TRL's GRPOTrainer with `environment_factory` (tbhpc.openenv.trl), 2 steps on CPU with the
+    demo model: TRL's own tool loop calls the served tools and takes the server's verdicts."""
+    pytest.importorskip("trl")
+    import os as _os
+    _os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.chat_template_utils import qwen3_template
+
+    from tbhpc.openenv.trl import environment_factories, trl_dataset
+    ids = [t.id for t in pack_tasks if t.domain == "retail" and t.golden_calls][:4]
+    rows, tools = trl_dataset(served, ids)
+    assert {r["environment"] for r in rows} == {"retail"} and rows[0]["prompt"][1]["content"] == pack_tasks[
+        [t.id for t in pack_tasks].index(ids[0])].query
+    factories = environment_factories(served, tools)
+    probe = factories["retail"]()
+    assert "get_order" in dir(probe) and "submit_message" in dir(probe) and "finish" not in dir(probe)
+    probe.reset(task_id=ids[0])
+    assert "O" in probe.get_order(order_id="O2001") and probe.get_reward() in (0.0, 1.0)
+    tok = AutoTokenizer.from_pretrained(REPO / "models/demo-pack-warm")
+    tok.response_template = qwen3_template         # the demo model's template speaks Qwen3's tool-call format
+    model = AutoModelForCausalLM.from_pretrained(REPO / "models/demo-pack-warm", dtype=torch.float32)
+    args = GRPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=64, max_steps=2, learning_rate=1e-5, logging_steps=1, save_strategy="no",
+                      report_to="none", use_cpu=True, bf16=False, fp16=False, max_tool_calling_iterations=3, seed=0)
+    trainer = GRPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
+                          environment_factory=factories)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if any(k.startswith("rewards/OpenEnv_retail") for k in h)]
+    assert len(logged) == 2, trainer.state.log_history
+    assert all(0.0 <= h["rewards/OpenEnv_retail/mean"] <= 1.0 for h in logged)
