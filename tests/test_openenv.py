@@ -315,3 +315,29 @@ def test_a_short_trl_grpo_loop_trains_through_the_server(served, pack_tasks, tmp
     logged = [h for h in trainer.state.log_history if any(k.startswith("rewards/OpenEnv_retail") for k in h)]
     assert len(logged) == 2, trainer.state.log_history
     assert all(0.0 <= h["rewards/OpenEnv_retail/mean"] <= 1.0 for h in logged)
+
+
+def test_a_training_run_on_a_launched_environment_reaches_the_in_process_weights(warm_dir, tmp_path):
+    """`tbhpc train` with `environment: openenv` (the in-process generator, whose samples are a
+    function of weights and seed): the environment gives the same observations and verdicts, so
+    a step through OpenEnv ends at exactly the weights of a step in process."""
+    from helpers import checkpoint_weights
+    if not Path(openenv_python()).exists():
+        start_server()             # fails or skips with the reason
+    (tmp_path / "pool.yaml").write_text("tasks: [consulting-leave_balance-001, consulting-leave_balance-002]\n")
+    small = [f"model={warm_dir}", f"pool={tmp_path / 'pool.yaml'}", "generator=local", "steps=1", "group_size=4",
+             "groups_per_step=2", "max_draws=8", "max_tokens=48", "response_budget=160", "lr=1e-4",
+             "microbatch_tokens=4096", "seed=3"]
+    launch = f"openenv={{launch: '{openenv_python()} -m tbhpc.cli openenv-serve default --port {{port}}'}}"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")}
+    runs = {}
+    for name, extra in (("local", []), ("openenv", ["environment=openenv", launch])):
+        p = subprocess.run([sys.executable, "-m", "tbhpc.cli", "train", str(tmp_path / name), *small, *extra], cwd=REPO,
+                           env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+        runs[name] = checkpoint_weights(next((tmp_path / name / "exports").glob("step-000001")))
+    import numpy as np
+    assert runs["local"].keys() == runs["openenv"].keys()
+    assert all(np.array_equal(runs["local"][k], runs["openenv"][k]) for k in runs["local"]), "weights differ"
+    warm = checkpoint_weights(Path(warm_dir))
+    assert any(not np.array_equal(runs["local"][k], warm[k]) for k in warm if k in runs["local"]), "the step learned nothing"
