@@ -254,7 +254,7 @@ def test_a_campaign_on_a_launched_environment_records_what_the_local_one_does(tm
     if not Path(openenv_python()).exists():
         start_server()             # fails or skips with the reason
     common = dict(name="oe", limit=8, repeats=2, chunk_size=4, policy_opts={"skill": 0.6})
-    launch = f"{openenv_python()} -m tbhpc.cli openenv-serve default --port {{port}}"
+    launch = f"{openenv_python()} -m tbhpc.cli openenv-serve default --max-sessions 7 --port {{port}}"   # 7: this test's mark
     local = run_campaign(CampaignConfig(**common), tmp_path / "local")
     there = run_campaign(CampaignConfig(**common, environment="openenv", openenv={"launch": launch}), tmp_path / "remote")
     assert (there.planned, there.ok, there.system_errors) == (local.planned, local.ok, 0) == (16, 16, 0)
@@ -262,7 +262,7 @@ def test_a_campaign_on_a_launched_environment_records_what_the_local_one_does(tm
          "FROM attempts ORDER BY task_id, attempt_index")
     rows = [duckdb.connect(str(tmp_path / r / "results.duckdb"), read_only=True).execute(q).fetchall() for r in ("local", "remote")]
     assert rows[0] == rows[1] and 0 < sum(r[3] for r in rows[0]) < 16
-    left = subprocess.run(["pgrep", "-f", "openenv-serve default --port"], capture_output=True, text=True).stdout.split()
+    left = subprocess.run(["pgrep", "-f", "openenv-serve default --max-sessions 7 --port"], capture_output=True, text=True).stdout.split()
     assert not left, f"the launched server outlived its campaign: {left}"
 
 
@@ -328,7 +328,7 @@ def test_a_training_run_on_a_launched_environment_reaches_the_in_process_weights
     small = [f"model={warm_dir}", f"pool={tmp_path / 'pool.yaml'}", "generator=local", "steps=1", "group_size=4",
              "groups_per_step=2", "max_draws=8", "max_tokens=48", "response_budget=160", "lr=1e-4",
              "microbatch_tokens=4096", "seed=3"]
-    launch = f"openenv={{launch: '{openenv_python()} -m tbhpc.cli openenv-serve default --port {{port}}'}}"
+    launch = f"openenv={{launch: '{openenv_python()} -m tbhpc.cli openenv-serve default --max-sessions 9 --port {{port}}'}}"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")}
     runs = {}
     for name, extra in (("local", []), ("openenv", ["environment=openenv", launch])):
@@ -336,8 +336,29 @@ def test_a_training_run_on_a_launched_environment_reaches_the_in_process_weights
                            env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
         assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
         runs[name] = checkpoint_weights(next((tmp_path / name / "exports").glob("step-000001")))
+    left = subprocess.run(["pgrep", "-f", "openenv-serve default --max-sessions 9 --port"], capture_output=True, text=True).stdout.split()
+    assert not left, f"the launched server outlived the trainer (which ends with os._exit): {left}"
     import numpy as np
     assert runs["local"].keys() == runs["openenv"].keys()
     assert all(np.array_equal(runs["local"][k], runs["openenv"][k]) for k in runs["local"]), "weights differ"
     warm = checkpoint_weights(Path(warm_dir))
     assert any(not np.array_equal(runs["local"][k], warm[k]) for k in warm if k in runs["local"]), "the step learned nothing"
+
+
+def test_openenvs_deployment_entry_point_serves_the_pack(pack_tasks):
+    """`uvicorn --factory tbhpc.openenv.server:app_from_env` (what a uv project or a Dockerfile runs,
+    examples/openenv_env): a launched server that gives the in-process verdicts."""
+    from tbhpc.openenv.launch import Launched, OpenEnvSpec
+    if not Path(openenv_python()).exists():
+        start_server()             # fails or skips with the reason
+    server = Launched(OpenEnvSpec(launch=f"env TBHPC_OPENENV_PACK=default TBHPC_OPENENV_MAX_SESSIONS=4 {openenv_python()} "
+                                         "-m uvicorn --factory tbhpc.openenv.server:app_from_env --host 127.0.0.1 --port {port}"))
+    try:
+        remote = OpenEnvEnvironment(server.url)
+        for task in pack_tasks[:20]:
+            here = run_episode(task, get_domain(task.domain), OraclePolicy(), ScriptedUser())
+            there = run_episode(task, remote, OraclePolicy(), ScriptedUser())
+            assert _key(here) == _key(there), task.id
+    finally:
+        server.stop()
+    assert server.proc.poll() is not None

@@ -44,6 +44,8 @@ class FakeEnv:
                 task = msg["data"]["task_id"]
                 out = {"observation": {"task_id": task, "system_prompt": "You help.", "message": "hi",
                                        "max_agent_turns": 5, "max_user_turns": 3}, "reward": None, "done": False}
+                if self.mode == "no-prompt":
+                    del out["observation"]["system_prompt"]
             elif msg["data"]["type"] == "list_tools":
                 out = {"observation": {"tools": [{"name": "lookup", "description": "", "input_schema": {"type": "object", "properties": {}}}]}}
             elif msg["data"]["tool_name"] == "submit_message" and self.mode == "user-ends":
@@ -196,3 +198,10 @@ def test_an_environment_that_ends_the_attempt_at_a_user_turn_gives_its_verdict(f
     fake.mode = "user-ends"
     r = run_episode(pack_tasks[0], OpenEnvEnvironment(fake.url), Chatty(), ScriptedUser())
     assert (r.status, r.reward, r.passed, r.finish_reason, r.user_turns) == ("ok", 1.0, True, "env_done", 0), r.error
+
+
+def test_an_environment_without_the_reset_fields_is_one_line_before_a_campaign(fake, tmp_path):
+    fake.mode = "no-prompt"         # a reset observation without system_prompt (another environment's shape)
+    cfg = CampaignConfig(name="oe", limit=2, environment="openenv", openenv={"url": fake.url})
+    with pytest.raises(UserError, match=r"field 'openenv': the environment cannot run task .*reset observation has no system_prompt"):
+        run_campaign(cfg, tmp_path / "run")

@@ -128,7 +128,11 @@ def _preflight_openenv(tasks: list[Task], spec) -> None:
         if missing:
             raise UserError(f"field 'openenv': {len(missing)} task(s) are not served by the environment at {env.url} "
                             f"(first: {missing[0]}; it serves {len(offered)})")
-        env.open(tasks[0]).close()
+        session = env.open(tasks[0])
+        try:
+            session.system_prompt(env.agent_prompt), session.max_agent_turns()     # what every attempt reads first
+        finally:
+            session.close()
     except InfraError as exc:
         raise UserError(f"field 'openenv': the environment cannot run task {tasks[0].id}: {exc}") from None
     finally:

@@ -15,6 +15,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -64,20 +65,21 @@ class Launched:
         port = _free_port()
         cmd = spec.command(port)
         self.url = f"http://127.0.0.1:{port}"
+        self.log = tempfile.TemporaryFile(mode="w+")     # never a pipe: a chatty server would block on it
         try:
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         except OSError as exc:
             raise UserError(f"{WHERE}: cannot start {cmd[0]!r}: {exc.strerror}") from None
         deadline = time.monotonic() + spec.start_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                tail = " | ".join((self.proc.stdout.read() or "").strip().splitlines()[-3:])
+                self.log.seek(0)
+                tail = " | ".join(self.log.read().strip().splitlines()[-3:])
                 raise UserError(f"{WHERE}: the environment server exited with status {self.proc.returncode} "
                                 f"before answering: {tail[-400:] or 'no output'}")
             if _healthy(self.url):
-                atexit.register(self.stop)      # a worker that exits without closing still stops it
-                return
+                atexit.register(self.stop)      # a worker that exits without closing still stops it (a trainer,
+                return                          # which ends with os._exit, closes its Environments first)
             time.sleep(0.2)
         self.stop()
         raise UserError(f"{WHERE}: the environment server did not answer {self.url}/health within {spec.start_timeout_s:g} s")

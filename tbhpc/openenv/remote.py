@@ -77,7 +77,9 @@ class OpenEnvSession:
 
     def max_agent_turns(self) -> int:
         n = self.first.get("max_agent_turns")
-        return UNLIMITED if n is None else int(n)
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise OpenEnvError(f"OpenEnv environment {self.env.url}: reset observation has max_agent_turns {n!r}")
+        return UNLIMITED if n is None else n
 
     def schemas(self) -> list[dict]:
         return [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),

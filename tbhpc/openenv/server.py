@@ -180,3 +180,21 @@ def make_app(served: Served, max_sessions: int = 64):
     server.register_routes(app, mode=ServerMode.PRODUCTION)
     app.state.openenv_server = server
     return app
+
+
+def app_from_env():
+    """An app factory for OpenEnv's own deployments (`uv run ... uvicorn --factory
+    tbhpc.openenv.server:app_from_env`, a Dockerfile): the pack from $TBHPC_OPENENV_PACK (default:
+    the bundled one), MCP servers from $TBHPC_OPENENV_SERVERS, sessions from
+    $TBHPC_OPENENV_MAX_SESSIONS; the scripted user and the keyword judge."""
+    import os
+
+    from tbhpc.env.judge import KeywordJudge
+    from tbhpc.env.registry import preflight
+    from tbhpc.env.users import ScriptedUser
+    from tbhpc.openenv.tasks import load_served_tasks
+    servers = os.environ.get("TBHPC_OPENENV_SERVERS") or None
+    tasks = load_served_tasks(os.environ.get("TBHPC_OPENENV_PACK") or "default")
+    preflight(tasks, servers)
+    served = Served(tasks, Environments(servers, announce=True), ScriptedUser(), KeywordJudge())
+    return make_app(served, int(os.environ.get("TBHPC_OPENENV_MAX_SESSIONS") or 64))

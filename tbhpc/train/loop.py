@@ -260,6 +260,7 @@ class Trainer:
         self.watch.stop()
         if self.tb is not None:
             self.tb.close()
+        self.envs.close()           # tool-server pools, a launched OpenEnv server: no atexit after this
         self.eng.leave(code)
 
     def _learn(self, step: int, ro: StepRollouts, wait_s: float, t_free: float) -> None:
