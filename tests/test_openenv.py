@@ -362,3 +362,26 @@ def test_openenvs_deployment_entry_point_serves_the_pack(pack_tasks):
     finally:
         server.stop()
     assert server.proc.poll() is not None
+
+
+def test_a_uv_launched_environment_project_gives_the_in_process_verdicts(pack_tasks, monkeypatch):
+    """`openenv: {uv_project: examples/openenv_env}`: OpenEnv's uv launch (`uv run --isolated
+    --project DIR -- uvicorn server.app:app`) of an environment project that serves the bundled
+    pack; uv resolves the project's own environment (from the package index; cached after the first run)."""
+    import shutil
+
+    from tbhpc.openenv.launch import Launched, OpenEnvSpec
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    if shutil.which("uv") is None:
+        if os.environ.get("TBHPC_REQUIRE_OPENENV"):
+            pytest.fail("TBHPC_REQUIRE_OPENENV is set but uv is not installed (the test extra pins it)")
+        pytest.skip("no uv (pip install -e '.[test]')")
+    server = Launched(OpenEnvSpec(uv_project=str(REPO / "examples/openenv_env"), start_timeout_s=600))
+    try:
+        remote = OpenEnvEnvironment(server.url)
+        for task in pack_tasks[:20]:
+            for policy in (OraclePolicy(), NoopPolicy()):
+                here = run_episode(task, get_domain(task.domain), policy, ScriptedUser())
+                assert _key(here) == _key(run_episode(task, remote, policy, ScriptedUser())), (task.id, policy.name)
+    finally:
+        server.stop()

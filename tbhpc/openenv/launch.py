@@ -53,8 +53,8 @@ class OpenEnvSpec:
 
     def command(self, port: int) -> list[str]:
         if self.uv_project:
-            return ["uv", "run", "--isolated", "--project", self.uv_project, "--", "uvicorn", self.app,   # as OpenEnv's UVProvider
-                    "--host", "127.0.0.1", "--port", str(port)]
+            return ["uv", "run", "--isolated", "--project", self.uv_project, "--", "uvicorn", self.app,   # as OpenEnv's UVProvider,
+                    "--app-dir", self.uv_project, "--host", "127.0.0.1", "--port", str(port)]     # from any directory
         return shlex.split(self.launch.replace("{port}", str(port)))
 
 
