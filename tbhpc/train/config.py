@@ -105,6 +105,13 @@ class TrainConfig:
     zero_stage: int = 3
     dtype: str = "auto"                   # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
     gradient_checkpointing: bool = False
+    # LoRA (peft): rank 0 trains every parameter; > 0 freezes the base and trains low-rank adapters on the
+    # `lora_targets` linear layers (only they are in the optimiser); exports and syncs carry merged weights
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                             "gate_proj", "up_proj", "down_proj"])
     microbatch_tokens: int = 16384        # packed tokens per forward pass
     torch_threads: int = 1                # CPU ranks
     # memory (tbhpc plan prints what each costs; none changes what is learnt)
@@ -174,6 +181,14 @@ class TrainConfig:
             raise UserError(f"train config: field 'dtype' must be auto, fp32 or bf16, got {self.dtype!r}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise UserError(f"train config: field 'zero_stage' must be 0-3, got {self.zero_stage!r}")
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            raise UserError(f"train config: field 'lora_rank' must be a whole number >= 0 (0: every parameter), got {self.lora_rank!r}")
+        if self.lora_rank and not self.lora_alpha > 0:
+            raise UserError(f"train config: field 'lora_alpha' must be > 0, got {self.lora_alpha!r}")
+        if not 0 <= self.lora_dropout < 1:
+            raise UserError(f"train config: field 'lora_dropout' must be in [0, 1), got {self.lora_dropout!r}")
+        if self.lora_rank and (not self.lora_targets or not all(isinstance(t, str) and t for t in self.lora_targets)):
+            raise UserError(f"train config: field 'lora_targets' must name the linear layers to adapt, got {self.lora_targets!r}")
         if self.algorithm not in ALGORITHMS:
             raise UserError(f"train config: field 'algorithm' must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
         if self.loss_agg not in LOSS_AGGS:

@@ -24,6 +24,7 @@ from tbhpc.plan.memory import zero_buffers
 from tbhpc.train import memstat
 from tbhpc.train.config import TrainConfig
 from tbhpc.train.grpo import policy_loss
+from tbhpc.train.lora import adapted_layers, base_name
 from tbhpc.train.rft import nll_loss
 from tbhpc.train.packing import Packed
 
@@ -206,7 +207,8 @@ class Engine:
             raise UserError(f"train config: field 'sp_size' ({self.sp}) must divide the trainer's {env.world} ranks")
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model)
         model, config, mpu = self._build_model()
-        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config, mpu=mpu)
+        trained = [p for p in model.parameters() if p.requires_grad]     # LoRA: the adapters only
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config, mpu=mpu)
         self.device = self.engine.device
 
     def _build_model(self):
@@ -235,9 +237,12 @@ class Engine:
             longseq.tile_mlps(model, lambda n: int(self.all_reduce([n], "max")[0]))
         if cfg.checkpoint_offload:
             longseq.offload_checkpoints(model)
-        elif cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+        elif cfg.gradient_checkpointing:     # non-reentrant under LoRA: a frozen base gives no input a grad
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": not cfg.lora_rank})
         model.config.use_cache = False
+        if cfg.lora_rank:
+            from tbhpc.train import lora
+            model = lora.wrap(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_dropout, cfg.lora_targets, cfg.seed)
         return model, config, mpu
 
     @property
@@ -357,11 +362,15 @@ class Engine:
         return out
 
     def _named_params(self):
+        """The published parameters under the base model's names: under LoRA the adapters are merged
+        into the weights they adapt (full_params), so they are not listed themselves."""
         seen: set[int] = set()
+        lora = self.cfg.lora_rank > 0
         for name, p in self.module.named_parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                yield name, p
+            if id(p) in seen or (lora and (".lora_A." in name or ".lora_B." in name)):
+                continue
+            seen.add(id(p))
+            yield (base_name(name) if lora else name), p
 
     def full_params(self, keep=None):
         """(index, name, full tensor) of every parameter, in `param_meta` order, to the ranks where
@@ -373,12 +382,18 @@ class Engine:
             keep = lambda i: rank0     # noqa: E731
         index = {id(p): i for i, (_, p) in enumerate(self._named_params())}
         names = {id(p): n for n, p in self._named_params()}
+        adapted = adapted_layers(self.module) if self.cfg.lora_rank else {}
         done: set[int] = set()
         for module in self.module.modules():
             params = [p for p in module.parameters(recurse=False) if id(p) in index and id(p) not in done]
             if not params:
                 continue
             done.update(id(p) for p in params)
+            for p in [p for p in params if id(p) in adapted]:     # a LoRA layer's base weight: merged
+                yield from self._merged(adapted[id(p)], index[id(p)], names[id(p)], keep)
+            params = [p for p in params if id(p) not in adapted]
+            if not params:
+                continue
             if self.cfg.zero_stage == 3:
                 import deepspeed
                 with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
@@ -389,6 +404,15 @@ class Engine:
                 for p in params:
                     i = index[id(p)]
                     yield i, names[id(p)], (p.data.detach() if keep(i) else None)
+
+    def _merged(self, layer, i: int, name: str, keep):
+        from tbhpc.train.lora import layer_params, merged
+        if self.cfg.zero_stage == 3:
+            import deepspeed
+            with deepspeed.zero.GatheredParameters(layer_params(layer), modifier_rank=None):
+                yield i, name, (merged(layer, layer.base_layer.weight.data).clone() if keep(i) else None)
+        else:
+            yield i, name, (merged(layer, layer.base_layer.weight.data) if keep(i) else None)
 
     def save(self, ckpt_dir: str, tag: str, client_state: dict) -> None:
         self.engine.save_checkpoint(ckpt_dir, tag=tag, client_state=client_state)

@@ -72,6 +72,9 @@ def identity(cfg: TrainConfig) -> dict:
         d.pop(k, None)
     if d.get("environment") == "local":     # the default: runs made before the field existed keep their hash
         d.pop("environment")
+    if not d.get("lora_rank"):              # likewise: full-parameter runs say nothing of LoRA
+        for k in ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets"):
+            d.pop(k, None)
     return d
 
 

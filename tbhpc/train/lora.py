@@ -1,0 +1,60 @@
+"""LoRA for the trainer: the base frozen, low-rank adapters trained, merged weights published.
+
+Why merged weights leave the trainer: everything downstream of an update (the HF export, the
+digest the serving job checks, the fingerprint probe, the in-process generator) speaks the base
+model's parameter names and shapes, so a LoRA run publishes W + (alpha / r) B A under the base
+name and the rest of the loop does not know it trained adapters. Only the adapters and their
+optimiser states take memory and gradient traffic.
+
+Gradient checkpointing with a frozen base: reentrant checkpointing recomputes a layer only when
+one of its *inputs* requires grad, and with frozen embeddings none does, so the adapters inside
+would get no gradient; the trainer uses non-reentrant checkpointing when LoRA is on.
+"""
+from __future__ import annotations
+
+PREFIX = "base_model.model."
+
+
+def wrap(model, rank: int, alpha: float, dropout: float, targets: list[str], seed: int = 0):
+    """The model with LoRA adapters on `targets` (peft); every other parameter frozen. The adapters'
+    random init (A; B starts at zero) is drawn from `seed`: the same on every rank and every run."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from tbhpc.errors import UserError
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    missing = [t for t in targets if t not in names]
+    if missing:
+        raise UserError(f"train config: field 'lora_targets': the model has no module named {missing[0]!r} "
+                        f"(its linear layers include {', '.join(sorted(n for n in names if n.endswith('proj'))[:8])})")
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), bias="none")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return get_peft_model(model, config)
+
+
+def is_lora(module) -> bool:
+    return hasattr(module, "peft_config")
+
+
+def base_name(name: str) -> str:
+    """peft's parameter name -> the base model's (`base_model.model.x.q_proj.base_layer.weight` -> `x.q_proj.weight`)."""
+    return name.removeprefix(PREFIX).replace(".base_layer.", ".")
+
+
+def adapted_layers(module) -> dict[int, object]:
+    """id(base_layer.weight) -> its LoRA layer, for every adapted linear layer."""
+    from peft.tuners.lora import LoraLayer
+    return {id(m.base_layer.weight): m for m in module.modules() if isinstance(m, LoraLayer)}
+
+
+def merged(layer, base_weight):
+    """W + scale * B @ A for the default adapter, in the base weight's dtype (tensors already gathered)."""
+    a = layer.lora_A["default"].weight
+    b = layer.lora_B["default"].weight
+    scale = layer.scaling["default"]
+    return (base_weight.float() + scale * (b.float() @ a.float())).to(base_weight.dtype)
+
+
+def layer_params(layer) -> list:
+    """What must be gathered to merge one layer: its base weight and both adapter matrices."""
+    return [layer.base_layer.weight, layer.lora_A["default"].weight, layer.lora_B["default"].weight]

@@ -1,0 +1,146 @@
+"""LoRA GRPO (tbhpc.train.lora): the base frozen, only the adapters in the optimiser, the same update
+on 1 rank (ZeRO-0) and 2 ranks (ZeRO-3, partitioned), the published weights merged under the base
+model's names; and the reentrant-checkpointing pitfall with a frozen base, shown and avoided."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import run_ranks
+
+pytest.importorskip("peft")
+pytestmark = pytest.mark.slow
+HERE = Path(__file__).parent
+
+
+def _run(tiny_dir, out: Path, world: int, stage: int, overrides: dict | None = None):
+    prefix = str(out / f"w{world}-z{stage}")
+    run_ranks(lambda r: [sys.executable, str(HERE / "lora_rank.py"), str(tiny_dir), str(world), str(r), prefix,
+                         str(stage), json.dumps(overrides or {})], world)
+    return json.loads(Path(prefix + ".json").read_text()), torch.load(prefix + ".pt")
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("lora")
+    return {"z0": _run(tiny_dir, out, 1, 0), "z3": _run(tiny_dir, out, 2, 3),
+            "z0-ckpt": _run(tiny_dir, out, 1, 0, {"gradient_checkpointing": True})}
+
+
+def test_only_the_adapters_train_and_the_base_stays_as_loaded(runs, tiny_dir):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    info, weights = runs["z0"]
+    assert info["trainable"] and all(".lora_A." in n or ".lora_B." in n for n in info["trainable"])
+    c = AutoConfig.from_pretrained(tiny_dir)
+    kv = c.num_key_value_heads * (getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+    q = c.num_attention_heads * (getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+    per_layer = 4 * ((c.hidden_size + q) + 2 * (c.hidden_size + kv) + (q + c.hidden_size)
+                     + 2 * (c.hidden_size + c.intermediate_size) + (c.intermediate_size + c.hidden_size))
+    assert info["optimised"] == per_layer * c.num_hidden_layers       # rank 4 x (in + out) per adapted layer
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir).state_dict()
+    sd = weights["sd"]
+    for name, t in sd.items():
+        plain = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+        if ".lora_" not in name:
+            assert torch.equal(t, base[plain]), name                   # frozen: bit for bit
+    assert any(t.abs().max() > 0 for n, t in sd.items() if ".lora_B." in n), "lora_B left at its zero init"
+
+
+def test_the_published_weights_are_merged_under_the_base_names(runs, tiny_dir):
+    from transformers import AutoModelForCausalLM
+    info, weights = runs["z0"]
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    names = [n for n, _ in base.named_parameters()]
+    assert info["meta"] == names                                       # what syncs and exports list
+    sd, merged = weights["sd"], weights["merged"]
+    scale = 8.0 / 4
+    for name in names:
+        key = "base_model.model." + name
+        layer = key.removesuffix(".weight")
+        if f"{layer}.lora_A.default.weight" in sd:
+            want = sd[f"{layer}.base_layer.weight"] + scale * sd[f"{layer}.lora_B.default.weight"] @ sd[f"{layer}.lora_A.default.weight"]
+            assert torch.allclose(merged[name], want, atol=1e-6), name
+            assert not torch.equal(merged[name], sd[f"{layer}.base_layer.weight"]), name
+        else:
+            assert torch.equal(merged[name], sd[key]), name
+
+
+def test_zero3_on_two_ranks_makes_the_update_of_one_rank(runs):
+    (one, w1), (two, w2) = runs["z0"], runs["z3"]
+    assert two["meta"] == one["meta"] and two["loss"] == pytest.approx(one["loss"], rel=1e-5)
+    assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
+    diff = max((w1["merged"][k] - w2["merged"][k]).abs().max().item() for k in w1["merged"])
+    assert diff < 1e-5, diff
+
+
+def test_gradient_checkpointing_trains_the_adapters_too(runs):
+    (plain, w), (ckpt, wc) = runs["z0"], runs["z0-ckpt"]
+    assert ckpt["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-4) and ckpt["grad_norm"] > 0
+    assert max((w["merged"][k] - wc["merged"][k]).abs().max().item() for k in w["merged"]) < 1e-5
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_adapters_get_gradients_through_checkpointed_layers_of_a_frozen_base(tiny_dir, reentrant):
+    """The pitfall: reentrant checkpointing recomputes a layer only for inputs that require grad, and
+    with the base (embeddings included) frozen none does, so adapters inside checkpointed layers could
+    get no gradient. The trainer turns checkpointing on before wrapping and asks for non-reentrant
+    checkpointing under LoRA; with this transformers and peft, gradients flow through either kind even
+    without peft's input-grad hook. This pins it: every adapter matrix of every layer gets a gradient."""
+    from transformers import AutoModelForCausalLM
+
+    from tbhpc.train.lora import wrap
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model = wrap(model, 4, 8.0, 0.0, ["q_proj", "v_proj"])
+    model.get_base_model().disable_input_require_grads()    # peft's own workaround off
+    model.train()
+    with torch.no_grad():           # lora_B starts at zero: give it a value so lora_A's gradient is not 0 by construction
+        for n, p in model.named_parameters():
+            if ".lora_B." in n:
+                p.normal_(0, 0.02)
+    ids = torch.randint(0, model.config.vocab_size, (1, 24))
+    model(input_ids=ids, labels=ids).loss.backward()
+    adapters = [(n, p.grad) for n, p in model.named_parameters() if ".lora_" in n]
+    assert adapters and all(g is not None and g.abs().max() > 0 for _, g in adapters), [n for n, g in adapters if g is None]
+    assert all(p.grad is None for n, p in model.named_parameters() if ".lora_" not in n)     # the base: frozen
+
+
+def test_a_lora_training_run_publishes_merged_weights_transformers_loads(warm_dir, tmp_path):
+    """`tbhpc train` with lora_rank 4 (the in-process generator, one step): the export is a plain HF
+    checkpoint (no peft needed to load it) that differs from the warm start in the adapted layers only."""
+    import os
+    import subprocess
+
+    from transformers import AutoModelForCausalLM
+
+    from helpers import checkpoint_weights
+    (tmp_path / "pool.yaml").write_text("tasks: [consulting-leave_balance-001, consulting-leave_balance-002]\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")}
+    p = subprocess.run([sys.executable, "-m", "tbhpc.cli", "train", str(tmp_path / "run"), f"model={warm_dir}",
+                        f"pool={tmp_path / 'pool.yaml'}", "generator=local", "steps=1", "group_size=4", "groups_per_step=2",
+                        "max_draws=8", "max_tokens=48", "response_budget=160", "lr=1e-2", "microbatch_tokens=4096", "seed=3",
+                        "lora_rank=4", "lora_targets=[q_proj, v_proj]"], cwd=HERE.parent,
+                       env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    export = tmp_path / "run" / "exports" / "step-000001"
+    AutoModelForCausalLM.from_pretrained(export)           # loads as a plain checkpoint
+    new, old = checkpoint_weights(export), checkpoint_weights(Path(warm_dir))
+    assert new.keys() == old.keys()
+    changed = {k for k in old if not (new[k] == old[k]).all()}
+    assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in changed), sorted(changed)[:5]
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"lora_rank": -1}, "field 'lora_rank' must be a whole number >= 0"),
+    ({"lora_rank": 8, "lora_alpha": 0}, "field 'lora_alpha' must be > 0"),
+    ({"lora_rank": 8, "lora_dropout": 1.0}, "field 'lora_dropout' must be in [0, 1)"),
+    ({"lora_rank": 8, "lora_targets": []}, "field 'lora_targets' must name the linear layers"),
+])
+def test_bad_lora_fields_are_one_line(fields, message):
+    from tbhpc.errors import UserError
+    from tbhpc.train.config import TrainConfig
+    with pytest.raises(UserError) as exc:
+        TrainConfig(model="m", pool="-", **fields)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
