@@ -13,7 +13,6 @@ import pytest
 
 from tbhpc.campaign.config import CampaignConfig
 from tbhpc.campaign.runner import run_campaign
-from tbhpc.domains import get_domain
 from tbhpc.env.episode import run_episode
 from tbhpc.env.users import ScriptedUser
 from tbhpc.errors import UserError
