@@ -25,7 +25,6 @@ def run(args) -> int:
     from pathlib import Path
 
     from tbhpc.agents import build_judge, build_user, check_judge
-    from tbhpc.env.registry import Environments, preflight
     from tbhpc.openenv.tasks import load_served_tasks
     from tbhpc.tasks.loader import read_id_list
     if args.max_sessions < 1:
@@ -36,17 +35,15 @@ def run(args) -> int:
     user, judge = build_user(args), build_judge(args)
     try:
         import uvicorn
-        from tbhpc.openenv.server import Served, make_app
+        from tbhpc.openenv.server import serve_tasks
     except ImportError as exc:
         raise UserError(f"openenv-serve needs the openenv package ({exc.name} missing): run it from the "
                         "OpenEnv environment (make env-openenv; .venv-openenv/bin/tbhpc openenv-serve ...)") from None
-    preflight(tasks, args.servers)
-    envs = Environments(args.servers, announce=True)
-    served = Served(tasks, envs, user, judge, args.tool_timeout)
+    app, envs = serve_tasks(tasks, args.servers, user, judge, args.tool_timeout, args.max_sessions)
     print(f"tbhpc openenv-serve: {len(tasks)} tasks from {args.pack} on http://{args.host}:{args.port} "
           f"(ws /ws, MCP /mcp; up to {args.max_sessions} sessions)", file=sys.stderr, flush=True)
     try:
-        uvicorn.run(make_app(served, args.max_sessions), host=args.host, port=args.port, log_level="warning")
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         envs.close()
     return 0

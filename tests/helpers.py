@@ -143,3 +143,25 @@ def token_leaks(run: Path, extra: tuple[Path, ...] = ()) -> list[str]:
         elif token.encode() in path.read_bytes():
             hits.append(str(path))
     return hits
+
+
+def warm_rank_rollouts(warm_dir, ids: list[str], tasks: dict, env_of):
+    """The trainer's rank rollouts of `ids` (2 groups of 2, the in-process generator on the warm
+    model, token-exact) on whatever environment `env_of(task)` gives: (tokenizer, rollouts)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tbhpc.env.judge import KeywordJudge
+    from tbhpc.env.users import ScriptedUser
+    from tbhpc.policy.generation import LocalGenerator
+    from tbhpc.policy.tokens import TokenPolicy
+    from tbhpc.train.queue import DrawQueue, make_store
+    from tbhpc.train.rollouts import RolloutContext, run_rank_rollouts
+    tok = AutoTokenizer.from_pretrained(warm_dir)
+    model = AutoModelForCausalLM.from_pretrained(warm_dir, dtype=torch.float32).eval()
+    policy = TokenPolicy(generator="local", max_tokens=48, response_budget=160)
+    policy._engine = (tok, LocalGenerator.for_tokenizer(model, tok))
+    ctx = RolloutContext(ids, tasks, env_of, policy, ScriptedUser(), KeywordJudge(), group_size=2, seed=1,
+                         max_reruns=1, episodes_in_flight=2)
+    outcomes = run_rank_rollouts(ctx, DrawQueue(make_store(0, 1), step=1, need=1, cap=2), step=1, expected_version=0)
+    return tok, [r for g in outcomes for r in g.rollouts]

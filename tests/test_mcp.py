@@ -181,13 +181,8 @@ def test_eval_and_probe_campaigns_run_a_tb_source_and_select_accepts_it(tb, tmp_
 def test_training_rollouts_and_the_pool_guard_take_tb_tasks_unchanged(tmp_path, warm_dir, tasks_by_id):
     """The trainer's rank rollouts on MCP-served tasks (the real warm model, token-exact), and the
     benchmark-exclusion guard reading a ThinkingBox test list."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from tbhpc.policy.generation import LocalGenerator
-    from tbhpc.policy.tokens import TokenPolicy
+    from helpers import warm_rank_rollouts
     from tbhpc.train.draw import load_pool
-    from tbhpc.train.queue import DrawQueue, make_store
-    from tbhpc.train.rollouts import RolloutContext, run_rank_rollouts
     smoke = yaml.safe_load((Path(__file__).resolve().parents[1] / "jobs/pools/smoke.yaml").read_text())["tasks"][:2]
     root = write_dataset([tasks_by_id[i] for i in smoke], tmp_path / "tbdata")
     ids = yaml.safe_load((root / "testlist.yaml").read_text())
@@ -195,19 +190,12 @@ def test_training_rollouts_and_the_pool_guard_take_tb_tasks_unchanged(tmp_path, 
     with pytest.raises(UserError, match=r"2 task\(s\) of the exclusion list .*testlist.yaml are in the pool \('tbhpc_"):
         load_pool(tmp_path / "pool.yaml", [str(root / "testlist.yaml")])
     assert load_pool(tmp_path / "pool.yaml", []) == ids
-    tok = AutoTokenizer.from_pretrained(warm_dir)
-    model = AutoModelForCausalLM.from_pretrained(warm_dir, dtype=torch.float32).eval()
-    policy = TokenPolicy(generator="local", max_tokens=48, response_budget=160)
-    policy._engine = (tok, LocalGenerator.for_tokenizer(model, tok))
     envs = Environments(root / "servers.yaml")
     tasks = {t.id: t for t in TBDataset(root).tasks(ids)}
-    ctx = RolloutContext(ids, tasks, envs.for_task, policy, ScriptedUser(), KeywordJudge(), group_size=2, seed=1,
-                         max_reruns=1, episodes_in_flight=2)
     try:
-        outcomes = run_rank_rollouts(ctx, DrawQueue(make_store(0, 1), step=1, need=1, cap=2), step=1, expected_version=0)
+        tok, rollouts = warm_rank_rollouts(warm_dir, ids, tasks, envs.for_task)
     finally:
         envs.close()
-    rollouts = [r for g in outcomes for r in g.rollouts]
     assert rollouts and all(r.result.status == "ok" and r.episode.reward in (0.0, 1.0) for r in rollouts)
     for r in rollouts:
         task = tasks[r.episode.task_id]

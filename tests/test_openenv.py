@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+import shlex
 import subprocess
 import sys
 import textwrap
 import threading
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +23,7 @@ import pytest
 from tbhpc.domains import get_domain
 from tbhpc.env.episode import run_episode
 from tbhpc.env.users import ScriptedUser
+from tbhpc.openenv.launch import Launched, OpenEnvSpec
 from tbhpc.openenv.remote import OpenEnvEnvironment
 from tbhpc.policy.scripted import NoopPolicy, OraclePolicy
 
@@ -34,51 +34,24 @@ def openenv_python() -> str:
     return os.environ.get("TBHPC_OPENENV_PYTHON") or str(REPO / ".venv-openenv" / "bin" / "python")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(*args: str, timeout: float = 120.0):
-    """`tbhpc openenv-serve ARGS` on a free port; (process, base URL) once /health answers."""
+def require_openenv() -> None:
     if not Path(openenv_python()).exists():
         if os.environ.get("TBHPC_REQUIRE_OPENENV"):
             pytest.fail(f"TBHPC_REQUIRE_OPENENV is set but {openenv_python()} does not exist (make env-openenv)")
         pytest.skip("no OpenEnv environment (run `make env-openenv`)")
-    port = free_port()
-    proc = subprocess.Popen([openenv_python(), "-m", "tbhpc.cli", "openenv-serve", *args, "--port", str(port)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"openenv-serve exited {proc.returncode}: {proc.stdout.read()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return proc, url
-        except OSError:
-            time.sleep(0.2)
-    proc.kill()
-    pytest.fail(f"openenv-serve did not answer /health within {timeout:g} s")
 
 
-def stop(proc) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+def start_server(*args: str) -> Launched:
+    """`tbhpc openenv-serve ARGS` on a free port, once /health answers (stop() ends it by PID)."""
+    require_openenv()
+    return Launched(OpenEnvSpec(launch=shlex.join([openenv_python(), "-m", "tbhpc.cli", "openenv-serve", *args]) + " --port {port}"))
 
 
 @pytest.fixture(scope="module")
 def served():
-    proc, url = start_server("default", "--max-sessions", "32")
-    yield url
-    stop(proc)
+    server = start_server("default", "--max-sessions", "32")
+    yield server.url
+    server.stop()
 
 
 def _key(r):
@@ -193,10 +166,10 @@ def test_a_thinkingbox_format_source_gives_the_same_verdicts_through_openenv(tmp
     root = write_dataset(originals, tmp_path / "tbdata")
     ids = yaml.safe_load((root / "testlist.yaml").read_text())
     tasks = TBDataset(root).tasks(ids)
-    proc, url = start_server(f"tb:{root}", "--servers", str(root / "servers.yaml"))
+    server = start_server(f"tb:{root}", "--servers", str(root / "servers.yaml"))
     envs = Environments(root / "servers.yaml")
     try:
-        remote = OpenEnvEnvironment(url)
+        remote = OpenEnvEnvironment(server.url)
         for task in tasks:
             for policy in (OraclePolicy(), NoopPolicy()):
                 here = run_episode(task, envs.for_task(task), policy, ScriptedUser())
@@ -206,36 +179,22 @@ def test_a_thinkingbox_format_source_gives_the_same_verdicts_through_openenv(tmp
                 assert here.passed == (policy.name == "oracle")
     finally:
         envs.close()
-        stop(proc)
+        server.stop()
 
 
 def test_training_rollouts_run_on_an_openenv_environment(served, warm_dir, tasks_by_id):
     """The trainer's rank rollouts with `environment: openenv` (the real warm model, token-exact):
     the environment's tools reach the prompt and every episode is graded there, 0 or 1."""
-    import torch
     import yaml
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tbhpc.env.judge import KeywordJudge
+    from helpers import warm_rank_rollouts
     from tbhpc.env.registry import Environments
-    from tbhpc.openenv.launch import OpenEnvSpec
-    from tbhpc.policy.generation import LocalGenerator
-    from tbhpc.policy.tokens import TokenPolicy
-    from tbhpc.train.queue import DrawQueue, make_store
-    from tbhpc.train.rollouts import RolloutContext, run_rank_rollouts
     ids = yaml.safe_load((REPO / "jobs/pools/smoke.yaml").read_text())["tasks"][:2]
-    tok = AutoTokenizer.from_pretrained(warm_dir)
-    model = AutoModelForCausalLM.from_pretrained(warm_dir, dtype=torch.float32).eval()
-    policy = TokenPolicy(generator="local", max_tokens=48, response_budget=160)
-    policy._engine = (tok, LocalGenerator.for_tokenizer(model, tok))
     envs = Environments(openenv=OpenEnvSpec(url=served))
-    ctx = RolloutContext(ids, {i: tasks_by_id[i] for i in ids}, envs.for_task, policy, ScriptedUser(), KeywordJudge(),
-                         group_size=2, seed=1, max_reruns=1, episodes_in_flight=2)
     try:
-        outcomes = run_rank_rollouts(ctx, DrawQueue(make_store(0, 1), step=1, need=1, cap=2), step=1, expected_version=0)
+        tok, rollouts = warm_rank_rollouts(warm_dir, ids, {i: tasks_by_id[i] for i in ids}, envs.for_task)
     finally:
         envs.close()
-    rollouts = [r for g in outcomes for r in g.rollouts]
     assert rollouts and all(r.result.status == "ok" and r.episode.reward in (0.0, 1.0) for r in rollouts)
     for r in rollouts:
         task = tasks_by_id[r.episode.task_id]
@@ -251,8 +210,7 @@ def test_a_campaign_on_a_launched_environment_records_what_the_local_one_does(tm
 
     from tbhpc.campaign.config import CampaignConfig
     from tbhpc.campaign.runner import run_campaign
-    if not Path(openenv_python()).exists():
-        start_server()             # fails or skips with the reason
+    require_openenv()
     common = dict(name="oe", limit=8, repeats=2, chunk_size=4, policy_opts={"skill": 0.6})
     launch = f"{openenv_python()} -m tbhpc.cli openenv-serve default --max-sessions 7 --port {{port}}"   # 7: this test's mark
     local = run_campaign(CampaignConfig(**common), tmp_path / "local")
@@ -322,8 +280,7 @@ def test_a_training_run_on_a_launched_environment_reaches_the_in_process_weights
     function of weights and seed): the environment gives the same observations and verdicts, so
     a step through OpenEnv ends at exactly the weights of a step in process."""
     from helpers import checkpoint_weights
-    if not Path(openenv_python()).exists():
-        start_server()             # fails or skips with the reason
+    require_openenv()
     (tmp_path / "pool.yaml").write_text("tasks: [consulting-leave_balance-001, consulting-leave_balance-002]\n")
     small = [f"model={warm_dir}", f"pool={tmp_path / 'pool.yaml'}", "generator=local", "steps=1", "group_size=4",
              "groups_per_step=2", "max_draws=8", "max_tokens=48", "response_budget=160", "lr=1e-4",
@@ -348,9 +305,7 @@ def test_a_training_run_on_a_launched_environment_reaches_the_in_process_weights
 def test_openenvs_deployment_entry_point_serves_the_pack(pack_tasks):
     """`uvicorn --factory tbhpc.openenv.server:app_from_env` (what a uv project or a Dockerfile runs,
     examples/openenv_env): a launched server that gives the in-process verdicts."""
-    from tbhpc.openenv.launch import Launched, OpenEnvSpec
-    if not Path(openenv_python()).exists():
-        start_server()             # fails or skips with the reason
+    require_openenv()
     server = Launched(OpenEnvSpec(launch=f"env TBHPC_OPENENV_PACK=default TBHPC_OPENENV_MAX_SESSIONS=4 {openenv_python()} "
                                          "-m uvicorn --factory tbhpc.openenv.server:app_from_env --host 127.0.0.1 --port {port}"))
     try:
@@ -370,7 +325,6 @@ def test_a_uv_launched_environment_project_gives_the_in_process_verdicts(pack_ta
     pack; uv resolves the project's own environment (from the package index; cached after the first run)."""
     import shutil
 
-    from tbhpc.openenv.launch import Launched, OpenEnvSpec
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     if shutil.which("uv") is None:
         if os.environ.get("TBHPC_REQUIRE_OPENENV"):

@@ -68,18 +68,15 @@ class Environments:
 
     def _remote(self):
         with self._lock:
-            return self._remote_locked()
-
-    def _remote_locked(self):
-        if self._openenv_env is None:
-            from tbhpc.openenv.launch import Launched
-            from tbhpc.openenv.remote import OpenEnvEnvironment
-            url = self.openenv.url
-            if url is None:
-                self._launched = Launched(self.openenv)
-                url = self._launched.url
-            self._openenv_env = OpenEnvEnvironment(url, timeout_s=self.openenv.timeout_s)
-        return self._openenv_env
+            if self._openenv_env is None:
+                from tbhpc.openenv.launch import Launched
+                from tbhpc.openenv.remote import OpenEnvEnvironment
+                url = self.openenv.url
+                if url is None:
+                    self._launched = Launched(self.openenv)
+                    url = self._launched.url
+                self._openenv_env = OpenEnvEnvironment(url, timeout_s=self.openenv.timeout_s)
+            return self._openenv_env
 
     def close(self) -> None:
         for pool in self._pools.values():

@@ -182,6 +182,16 @@ def make_app(served: Served, max_sessions: int = 64):
     return app
 
 
+def serve_tasks(tasks: list[Task], servers: str | None, user: UserSimulator, judge: Judge | None,
+                tool_timeout_s: float = 10.0, max_sessions: int = 64):
+    """(app, its Environments) for `tasks`, after the MCP servers they need passed their preflight;
+    close the Environments when the app stops."""
+    from tbhpc.env.registry import preflight
+    preflight(tasks, servers)
+    envs = Environments(servers, announce=True)
+    return make_app(Served(tasks, envs, user, judge, tool_timeout_s), max_sessions), envs
+
+
 def app_from_env():
     """An app factory for OpenEnv's own deployments (`uv run ... uvicorn --factory
     tbhpc.openenv.server:app_from_env`, a Dockerfile): the pack from $TBHPC_OPENENV_PACK (default:
@@ -190,11 +200,9 @@ def app_from_env():
     import os
 
     from tbhpc.env.judge import KeywordJudge
-    from tbhpc.env.registry import preflight
     from tbhpc.env.users import ScriptedUser
     from tbhpc.openenv.tasks import load_served_tasks
-    servers = os.environ.get("TBHPC_OPENENV_SERVERS") or None
     tasks = load_served_tasks(os.environ.get("TBHPC_OPENENV_PACK") or "default")
-    preflight(tasks, servers)
-    served = Served(tasks, Environments(servers, announce=True), ScriptedUser(), KeywordJudge())
-    return make_app(served, int(os.environ.get("TBHPC_OPENENV_MAX_SESSIONS") or 64))
+    app, _ = serve_tasks(tasks, os.environ.get("TBHPC_OPENENV_SERVERS") or None, ScriptedUser(), KeywordJudge(),
+                         max_sessions=int(os.environ.get("TBHPC_OPENENV_MAX_SESSIONS") or 64))
+    return app
