@@ -1,6 +1,7 @@
 """One rank of a real gloo process group running one DeepSpeed GRPO update with LoRA on (a script
 tests/test_train_lora.py starts 1 or 2 times): rank 0 writes what the optimiser holds, the
-consolidated (peft-named) weights and the merged, base-named weights the trainer publishes."""
+consolidated (peft-named) weights, the merged, base-named weights and the adapter tensors (B
+scaled) the trainer publishes."""
 import json
 import os
 import sys
@@ -28,8 +29,10 @@ def main(model: str, world: int, rank: int, out: str, stage: int, overrides: str
     sd = eng.consolidated_state_dict()
     merged = {name: t for _, name, t in eng.full_params() if t is not None}
     meta = [m["name"] for m in eng.param_meta()]
+    from tbhpc.train.lora import adapter_tensors
+    adapter = adapter_tensors(eng.module, stage == 3, rank == 0)      # what a LoRA step publishes
     if rank == 0:
-        torch.save({"sd": sd, "merged": merged}, out + ".pt")
+        torch.save({"sd": sd, "merged": merged, "adapter": adapter}, out + ".pt")
         json.dump({"trainable": trainable, "optimised": optimised, "meta": meta, "grad_norm": stats.grad_norm,
                    "loss": loss}, open(out + ".json", "w"))
     eng.leave(0)

@@ -67,6 +67,23 @@ def test_the_published_weights_are_merged_under_the_base_names(runs, tiny_dir):
             assert torch.equal(merged[name], sd[key]), name
 
 
+def test_the_published_adapter_is_the_update_with_its_scale_folded_in(runs):
+    """A LoRA sync publishes the adapters alone: A as trained, B times alpha / r (serve/adapter.py), so
+    W + B A is the merged weight with no scale left to apply; ZeRO-3 gathers the same tensors."""
+    weights = runs["z0"][1]
+    adapter, merged, sd = weights["adapter"], weights["merged"], weights["sd"]
+    layers = sorted({n.rsplit(".lora_", 1)[0] for n in adapter})
+    assert len(layers) == 2 * 7 and len(adapter) == 2 * len(layers)          # 2 layers x 7 targets, A and B
+    for layer in layers:
+        a, b = adapter[f"{layer}.lora_A.weight"], adapter[f"{layer}.lora_B.weight"]
+        assert a.dtype == b.dtype == torch.float32 and a.shape[0] == b.shape[1] == 4
+        assert torch.equal(b, sd[f"base_model.model.{layer}.lora_B.default.weight"].float() * 2.0)    # alpha 8 / r 4
+        base = sd[f"base_model.model.{layer}.base_layer.weight"]
+        assert torch.allclose(base + b @ a, merged[f"{layer}.weight"], atol=1e-6)
+    z3 = runs["z3"][1]["adapter"]
+    assert z3.keys() == adapter.keys() and all(torch.allclose(z3[n], adapter[n], atol=1e-5) for n in adapter)
+
+
 def test_zero3_on_two_ranks_makes_the_update_of_one_rank(runs):
     (one, w1), (two, w2) = runs["z0"], runs["z3"]
     assert two["meta"] == one["meta"] and two["loss"] == pytest.approx(one["loss"], rel=1e-5)
@@ -107,29 +124,55 @@ def test_adapters_get_gradients_through_checkpointed_layers_of_a_frozen_base(tin
     assert all(p.grad is None for n, p in model.named_parameters() if ".lora_" not in n)     # the base: frozen
 
 
-def test_a_lora_training_run_publishes_merged_weights_transformers_loads(warm_dir, tmp_path):
-    """`tbhpc train` with lora_rank 4 (the in-process generator, one step): the export is a plain HF
-    checkpoint (no peft needed to load it) that differs from the warm start in the adapted layers only."""
+def test_a_lora_training_run_publishes_adapters_and_exports_both_ways(warm_dir, tmp_path):
+    """`tbhpc train` with lora_rank 4 (the in-process generator, two steps): each step publishes its
+    adapter alone (PEFT's format, the marker says so), step 2 samples from step 1's adapter on the base,
+    and the last step exports the adapter and, with export_merged, a plain HF checkpoint (no peft
+    needed) equal to the base with that adapter merged, differing from the warm start in the adapted
+    layers only."""
     import os
     import subprocess
 
+    import duckdb
     from transformers import AutoModelForCausalLM
 
     from helpers import checkpoint_weights
+    from tbhpc.serve.adapter import read_adapter
+    from tbhpc.serve.checkpoints import published
+    from tbhpc.train.lora import load_adapted
     (tmp_path / "pool.yaml").write_text("tasks: [consulting-leave_balance-001, consulting-leave_balance-002]\n")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")}
-    p = subprocess.run([sys.executable, "-m", "tbhpc.cli", "train", str(tmp_path / "run"), f"model={warm_dir}",
-                        f"pool={tmp_path / 'pool.yaml'}", "generator=local", "steps=1", "group_size=4", "groups_per_step=2",
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "tbhpc.cli", "train", str(run), f"model={warm_dir}",
+                        f"pool={tmp_path / 'pool.yaml'}", "generator=local", "steps=2", "group_size=4", "groups_per_step=2",
                         "max_draws=8", "max_tokens=48", "response_budget=160", "lr=1e-2", "microbatch_tokens=4096", "seed=3",
-                        "lora_rank=4", "lora_targets=[q_proj, v_proj]"], cwd=HERE.parent,
+                        "lora_rank=4", "lora_targets=[q_proj, v_proj]", "export_merged=true"], cwd=HERE.parent,
                        env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    export = tmp_path / "run" / "exports" / "step-000001"
-    AutoModelForCausalLM.from_pretrained(export)           # loads as a plain checkpoint
-    new, old = checkpoint_weights(export), checkpoint_weights(Path(warm_dir))
+    pub = published(run, 2)
+    assert pub.weights == "adapter" and sorted(pub.digests) == ["bfloat16", "float32"]
+    logged = [json.loads(line) for line in (run / "logs" / "publish.jsonl").read_text().splitlines()]
+    adapter = read_adapter(pub.path)
+    assert [(x["step"], x["weights"], x["bytes"]) for x in logged] == [
+        (n, "adapter", sum(t.numel() * 4 for t in adapter.values())) for n in (1, 2)]
+    assert set(pub.digests["float32"]["tensors"]) == set(adapter)
+    con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
+    assert con.execute("SELECT step, policy_version FROM train_steps ORDER BY step").fetchall() == [
+        (1, "base"), (2, "step-000001")]
+    con.close()
+    export = run / "exports" / "step-000002"
+    config = json.loads((export / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (4, 4, ["q_proj", "v_proj"])
+    assert read_adapter(export).keys() == adapter.keys()
+    assert {n.rsplit(".lora_", 1)[0].rsplit(".", 1)[1] for n in adapter} == {"q_proj", "v_proj"}
+    merged = run / "exports" / "step-000002-merged"
+    AutoModelForCausalLM.from_pretrained(merged)           # loads as a plain checkpoint
+    new, old = checkpoint_weights(merged), checkpoint_weights(Path(warm_dir))
     assert new.keys() == old.keys()
     changed = {k for k in old if not (new[k] == old[k]).all()}
     assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in changed), sorted(changed)[:5]
+    by_peft = load_adapted(str(warm_dir), str(export)).state_dict()        # peft reads the exported adapter
+    assert all(torch.allclose(by_peft[k], torch.from_numpy(new[k]), atol=1e-6) for k in changed)
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -137,6 +180,7 @@ def test_a_lora_training_run_publishes_merged_weights_transformers_loads(warm_di
     ({"lora_rank": 8, "lora_alpha": 0}, "field 'lora_alpha' must be > 0"),
     ({"lora_rank": 8, "lora_dropout": 1.0}, "field 'lora_dropout' must be in [0, 1)"),
     ({"lora_rank": 8, "lora_targets": []}, "field 'lora_targets' must name the linear layers"),
+    ({"lora_rank": 8, "lora_sync": "files"}, "field 'lora_sync' must be adapter or merged"),
 ])
 def test_bad_lora_fields_are_one_line(fields, message):
     from tbhpc.errors import UserError

@@ -81,6 +81,8 @@ def serve_config_for(cfg: TrainConfig):
             raise UserError(f"train config: field 'serve_config': {path} does not exist")
         base = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     values = {**base, **cfg.serve, "model": cfg.model}
+    if cfg.adapter_sync:        # the server serves the base with LoRA on and loads each step's adapter
+        values.setdefault("lora_rank", cfg.lora_rank)
     scfg = from_dict(ServeConfig, values, {k: "train config field 'serve'" for k in cfg.serve})
     scfg.validate("train config (serve)")
     return scfg

@@ -61,6 +61,7 @@ class Published:
     fingerprint: dict | None = None     # Fingerprint.to_json(), None when the publisher stored none
     digests: dict | None = None         # {dtype: digest.state_digest(...)}, None when the publisher stored none
     transport: str = "files"            # files | broadcast
+    weights: str = "full"               # full (an HF checkpoint) | adapter (a LoRA adapter for the served base)
 
     @property
     def version(self) -> str:
@@ -102,10 +103,11 @@ def write_checkpoint(run_dir: Path | str, step: int, model: Any, tokenizer: Any 
 
 
 def mark_ready(run_dir: Path | str, step: int, path: Path | str | None, fingerprint: Fingerprint | None = None,
-               digests: dict | None = None, transport: str = "files") -> Published:
+               digests: dict | None = None, transport: str = "files", weights: str = "full") -> Published:
     """Step 2 alone, for a checkpoint directory written by other code (e.g. DeepSpeed's
     consolidation). What the caller does not pass (fingerprint, digests) is computed from the
-    directory, loaded once on the CPU. `path` None: weights broadcast into the server (both given)."""
+    directory, loaded once on the CPU. `path` None: weights broadcast into the server (both given).
+    `weights`: adapter for a LoRA adapter directory (serve/adapter.py; both given)."""
     if fingerprint is None or digests is None:
         model, tok = load_checkpoint(str(path))
         fingerprint = fingerprint or compute_fingerprint(model, tok)
@@ -113,11 +115,12 @@ def mark_ready(run_dir: Path | str, step: int, path: Path | str | None, fingerpr
     root = Path(run_dir) / CKPT_DIR
     root.mkdir(parents=True, exist_ok=True)
     pub = Published(step, Path(path).resolve() if path is not None else None, time.time(), fingerprint.to_json(),
-                    digests, transport)
+                    digests, transport, weights)
     marker = root / f"{version_name(step)}.ready"
     tmp = marker.with_name(f".tmp-{marker.name}")
     tmp.write_text(json.dumps({"step": step, "path": str(pub.path) if pub.path else None, "published_at": pub.published_at,
-                               "digests": pub.digests, "fingerprint": pub.fingerprint, "transport": transport}) + "\n")
+                               "digests": pub.digests, "fingerprint": pub.fingerprint, "transport": transport,
+                               "weights": weights}) + "\n")
     os.replace(tmp, marker)
     return pub
 
@@ -142,7 +145,7 @@ def _read_marker(marker: Path) -> Published | None:
     try:
         d = json.loads(marker.read_text())
         return Published(int(d["step"]), Path(d["path"]) if d.get("path") else None, float(d["published_at"]),
-                         d.get("fingerprint"), d.get("digests"), d.get("transport", "files"))
+                         d.get("fingerprint"), d.get("digests"), d.get("transport", "files"), d.get("weights", "full"))
     except (ValueError, KeyError, OSError):
         return None   # absent, or half-visible on a slow shared FS: picked up next poll
 

@@ -23,7 +23,7 @@ WORKER_EXTENSION = "tbhpc_vllm_worker.WeightSync"     # exact in-place reloads, 
 
 def vllm_argv(cfg: ServeConfig, model: str, port: int, host: str | None = None) -> list[str]:
     argv = [cfg.python, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", model, "--served-model-name", cfg.served_model_name,
+            "--model", model, "--served-model-name", cfg.base_model_name,
             "--host", host or cfg.host, "--port", str(port),
             "--dtype", cfg.dtype, "--max-model-len", str(cfg.max_model_len),
             "--tensor-parallel-size", str(cfg.tensor_parallel_size),
@@ -40,6 +40,10 @@ def vllm_argv(cfg: ServeConfig, model: str, port: int, host: str | None = None) 
         # vLLM-CPU cannot rewind a per-request seeded sampler after a partial (chunked) prefill
         # ("CPU Generator does not use offset" kills the engine); whole prefills avoid it.
         argv += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(cfg.max_model_len)]
+    if cfg.lora_rank:         # one adapter, the run's, loaded in place at every sync (serve/adapter.py)
+        from tbhpc.serve.adapter import vllm_max_rank
+        argv += ["--enable-lora", "--max-lora-rank", str(vllm_max_rank(cfg.lora_rank)), "--max-loras", "1",
+                 "--max-cpu-loras", "1"]
     if cfg.reasoning_parser:
         argv += ["--reasoning-parser", cfg.reasoning_parser]
     if cfg.tool_call_parser:
@@ -57,6 +61,8 @@ def vllm_env(cfg: ServeConfig, base: dict[str, str] | None, token_file: str | Pa
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1",
                 "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
                 TOKEN_ENV: str(token_file)})
+    if cfg.lora_rank:         # /v1/load_lora_adapter: the supervisor registers the adapter's name once
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env["PYTHONPATH"] = str(EXT_DIR) + (":" + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if cfg.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gb)

@@ -56,8 +56,16 @@ class ServeConfig:
     # (exact unless the files are damaged), or "refuse" it at once (a large model's restart costs minutes)
     on_mismatch: str = "restart"
     pause_mode: str = "wait"             # in-flight requests during a reload: wait | keep | abort
+    # LoRA (a LoRA run's server): > 0 serves the base as `NAME-base` and the run's adapter, up to this
+    # rank, as NAME; each sync loads the step's adapter in place (serve/adapter.py). 0: no LoRA.
+    lora_rank: int = 0
     poll_s: float = 1.0                  # how often the supervisor looks for a new checkpoint
     slurm: SlurmOptions = field(default_factory=lambda: SlurmOptions(time="24:00:00", mem="16G", cpus_per_task=4))
+
+    @property
+    def base_model_name(self) -> str:
+        """The name the base model answers to: the served name itself, or NAME-base under LoRA."""
+        return f"{self.served_model_name}-base" if self.lora_rank else self.served_model_name
 
     def validate(self, source: str = "serve config") -> None:
         from tbhpc.errors import UserError
@@ -84,6 +92,10 @@ class ServeConfig:
         for name in ("tensor_parallel_size", "data_parallel_size", "max_model_len", "kv_cache_gb"):
             if getattr(self, name) < 1:
                 raise UserError(f"{source}: field {name!r} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.lora_rank <= 512:
+            raise UserError(f"{source}: field 'lora_rank' must be within 0..512 (0: no LoRA), got {self.lora_rank}")
+        if self.lora_rank and self.sync_mode != "reload":
+            raise UserError(f"{source}: field 'sync_mode' must be reload with lora_rank > 0 (adapters load in place)")
         if self.cpu_threads < 0:
             raise UserError(f"{source}: field 'cpu_threads' must be >= 0 (0: vLLM decides), got {self.cpu_threads}")
         if not 0 < self.gpu_memory_utilization <= 1:

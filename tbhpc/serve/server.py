@@ -186,6 +186,27 @@ class VLLMServer:
         return report
 
 
+    def register_adapter(self, path: str) -> None:
+        """A LoRA server: register the served name as an adapter (serve/adapter.py's null adapter at
+        start), through vLLM's own route, once; syncs then replace its weights in place."""
+        self.client.post("/v1/load_lora_adapter", {"lora_name": self.cfg.served_model_name, "lora_path": str(path)},
+                         timeout=600)
+
+    def load_adapter(self, path: str, version: str) -> dict:
+        """A LoRA sync: pause, every worker replaces the served adapter with the one in `path`
+        (`tbhpc_load_adapter`), drop the prefix cache (its KV came from the old adapter), set the
+        version, resume. The base weights are not touched."""
+        self.client.post(f"/pause?mode={self.cfg.pause_mode}", timeout=600)
+        try:
+            results = self.rpc("tbhpc_load_adapter", timeout=1800, path=str(path), name=self.cfg.served_model_name)
+            self.client.post("/reset_prefix_cache", timeout=60)
+            self.set_version(version)
+        finally:
+            self.client.post("/resume", timeout=60)
+        report = {"load_s": max((float(r.get("load_s", 0.0)) for r in results if isinstance(r, dict)), default=0.0)}
+        faults = [r["test_fault"] for r in results if isinstance(r, dict) and r.get("test_fault")]
+        return {**report, **({"test_fault": faults[0]} if faults else {})}
+
     def receive(self, offer, version: str) -> dict:
         """In-place sync from a trainer's broadcast (serve/broadcast.py): pause, every worker joins the
         offer's group and loads what arrives (`tbhpc_receive`), drop the prefix cache, set the

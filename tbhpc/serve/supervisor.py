@@ -81,7 +81,7 @@ class Supervisor:
 
     def start(self) -> Endpoint:
         pub = latest_ready(self.run, loadable=True)
-        model = str(pub.path) if pub else self.cfg.model
+        model = str(pub.path) if pub and pub.weights == "full" and not self.cfg.lora_rank else self.cfg.model
         self.current = pub
         self._launch(model, port=0)
         self.endpoint = Endpoint(self.publish_host(), self.server.port, self.cfg.served_model_name, BASE_VERSION,
@@ -96,6 +96,9 @@ class Supervisor:
         else:   # a restarted serve job resumes on the newest checkpoint: verified like any sync
             self.server.set_version(UNVERIFIED + pub.version)
             try:
+                self._expect(pub)
+                if pub.weights == "adapter":
+                    self.server.load_adapter(str(pub.path), UNVERIFIED + pub.version)
                 check = self.verify(pub)
                 self._announce(pub.version)
             except SyncRefused as exc:
@@ -112,6 +115,9 @@ class Supervisor:
                                  token_file=str(self.token_file)).start()
         self.log(f"serve: starting vLLM ({self.cfg.device}) on {model} port {self.server.port} (pid {self.server.proc.pid})")
         self.server.wait_ready(should_stop=self.stop_event.is_set)
+        if self.cfg.lora_rank:      # the served name answers at once: the base through a null adapter
+            from tbhpc.serve.adapter import write_null_adapter
+            self.server.register_adapter(str(write_null_adapter(self.run / "serve" / "null-adapter", self.cfg.model)))
         try:
             self.kernels = self.server.kernel_report()
         except Exception as exc:   # a server without the worker extension: verification still works
@@ -186,9 +192,12 @@ class Supervisor:
         provisional = UNVERIFIED + pub.version
         check: Verdict | None = None
         try:
+            self._expect(pub)
             self._references(pub)
         except SyncRefused as exc:          # nothing to check it against: not loaded at all
             return self._refuse(pub, exc, {**entry, "mode": "none"}, previous)
+        if pub.weights == "adapter":
+            return self._sync_adapter(pub, previous, t0, entry)
         if mode == "reload":
             try:
                 report = self.server.reload(str(pub.path), provisional, self.cfg.reload_method)
@@ -222,6 +231,45 @@ class Supervisor:
                 return self._refuse(pub, exc, entry, previous)
         return self._accept(pub, previous, check, mode, t0, entry)
 
+    def _sync_adapter(self, pub: Published, previous: Published | None, t0: float, entry: dict) -> dict:
+        """A LoRA sync: the step's adapter replaces the served one in place, then the same check (the
+        digest of the adapter tensors the server holds, the probe through the adapted model). A
+        failed check loads the adapter once more into a fresh server (on_mismatch=restart)."""
+        from tbhpc.serve.adapter import WEIGHTS_FILE
+        provisional = UNVERIFIED + pub.version
+        entry.update(weights="adapter", adapter={"bytes": (pub.path / WEIGHTS_FILE).stat().st_size})
+        for mode in ("adapter", "restart"):
+            if mode == "restart":
+                if self.cfg.on_mismatch == "refuse" or self.stop_event.is_set():
+                    break
+                self.log(f"serve: the adapter of {pub.version} is not served exactly ({entry['attempts'][-1]['error']}); "
+                         "loading it into a fresh server")
+                self.server.stop()
+                self._launch(self.cfg.model, port=self.endpoint.port)
+                self.endpoint.pid = self.server.proc.pid
+            try:
+                report = self.server.load_adapter(str(pub.path), provisional)
+                entry["adapter"].update(load_s=report["load_s"])
+                check = self.verify(pub, previous)
+            except SyncRefused as exc:
+                refusal = exc
+            except Exception as exc:        # the load itself failed (an unreadable adapter, a worker error)
+                refusal = SyncRefused(f"loading the adapter failed ({type(exc).__name__}: {exc})")
+            else:
+                return self._accept(pub, previous, check, mode, t0, entry)
+            entry["attempts"].append({"mode": mode, "error": str(refusal)})
+        entry.update(mode=mode, sync_s=round(time.time() - t0, 4))
+        return self._refuse(pub, refusal, entry, previous)
+
+    def _expect(self, pub: Published) -> None:
+        """A LoRA server takes adapters, any other server full checkpoints: the other kind is refused."""
+        want = "adapter" if self.cfg.lora_rank else "full"
+        if pub.weights != want:
+            fix = ("publish adapters (the run's lora_sync: adapter)" if self.cfg.lora_rank
+                   else "serve with lora_rank > 0")
+            raise SyncRefused(f"{pub.version} is {'an adapter' if pub.weights == 'adapter' else 'a full checkpoint'} "
+                              f"but this server serves {'LoRA adapters' if self.cfg.lora_rank else 'full weights'}; {fix}")
+
     def _accept(self, pub: Published, previous: Published | None, check: Verdict | None, mode: str, t0: float,
                 entry: dict, received_at: float | None = None) -> dict:
         provisional = UNVERIFIED + pub.version
@@ -253,7 +301,7 @@ class Supervisor:
         prev = _fingerprint_of(previous)
         verdict = check_weights(self.server.client, self.cfg.served_model_name, self.server.weight_version(), want,
                                 fp, tol, prev, report_dir=self.run / "logs" / ".digests",
-                                replicas=self.cfg.data_parallel_size)
+                                replicas=self.cfg.data_parallel_size, adapter=pub.weights == "adapter")
         if not verdict.passed:
             raise SyncRefused(verdict.summary(), verdict)
         return verdict

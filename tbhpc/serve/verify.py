@@ -60,18 +60,21 @@ class Verdict:
         return out
 
 
-def served_digest(server: ServerClient, report_dir: Path | str | None = None, replicas: int = 0) -> list[dict] | dict:
+def served_digest(server: ServerClient, report_dir: Path | str | None = None, replicas: int = 0,
+                  adapter: bool = False) -> list[dict] | dict:
     """The server's digests of what it holds (tbhpc's worker extension), one per data-parallel
     replica, or {"unsupported": why}. Every worker also writes its report into `report_dir` (a
     fresh directory the server can write): vLLM's RPC answers with the first replica's workers only.
-    `replicas`: how many data-parallel replicas the server runs (0: as many as report)."""
+    `replicas`: how many data-parallel replicas the server runs (0: as many as report). `adapter`:
+    the LoRA adapter it serves instead of the model's weights."""
     own = report_dir is None
     report_dir = Path(tempfile.mkdtemp(prefix="tbhpc-digest-")) if own else Path(report_dir)
     if not own:                           # the last check's reports are not this one's
         shutil.rmtree(report_dir, ignore_errors=True)
     report_dir.mkdir(parents=True, exist_ok=True)
     try:
-        body = {"method": "tbhpc_digest", "kwargs": {"report_dir": str(report_dir), "replicas": replicas}}
+        body = {"method": "tbhpc_digest", "kwargs": {"report_dir": str(report_dir), "replicas": replicas,
+                                                     **({"adapter": True} if adapter else {})}}
         results = (server.post("/collective_rpc", body, timeout=1800) or {}).get("results") or []
         files = [json.loads(f.read_text()) for f in sorted(report_dir.glob("dp*-pp*-tp*.json"))]
     except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -86,10 +89,13 @@ NO_DTYPE = "the server reports no dtype (started without tbhpc's worker extensio
 
 
 def check_weights(server: ServerClient, model: str, version: str, want: dict | None, fp: Fingerprint | None, tol: float,
-                  previous: Fingerprint | None = None, report_dir: Path | None = None, replicas: int = 0) -> Verdict:
-    """Identity (`want`: the published digest in the served dtype; None when the server reports no
-    dtype, so it cannot digest either), then the probe."""
-    digest = compare_replicas(want, served_digest(server, report_dir, replicas)) if want is not None else DigestCheck("", unsupported=NO_DTYPE)
+                  previous: Fingerprint | None = None, report_dir: Path | None = None, replicas: int = 0,
+                  adapter: bool = False) -> Verdict:
+    """Identity (`want`: the published digest in the served dtype, of the model or with `adapter`
+    of the LoRA adapter; None when the server reports no dtype, so it cannot digest either), then
+    the probe (through the served name: the adapted model under LoRA)."""
+    digest = (compare_replicas(want, served_digest(server, report_dir, replicas, adapter)) if want is not None
+              else DigestCheck("", unsupported=NO_DTYPE))
     probe = check_server(server, model, fp, version, tol) if fp is not None else None
     prev = None
     if probe is not None and previous is not None and previous.tokens == fp.tokens:

@@ -106,12 +106,16 @@ class TrainConfig:
     dtype: str = "auto"                   # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
     gradient_checkpointing: bool = False
     # LoRA (peft): rank 0 trains every parameter; > 0 freezes the base and trains low-rank adapters on the
-    # `lora_targets` linear layers (only they are in the optimiser); exports and syncs carry merged weights
+    # `lora_targets` linear layers (only they are in the optimiser; docs/lora.md)
     lora_rank: int = 0
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
     lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
                                                              "gate_proj", "up_proj", "down_proj"])
+    # what a LoRA step publishes: adapter (the adapter alone, in PEFT's format; the server loads it in
+    # place over the base it serves) | merged (W + (alpha / r) B A under the base names, like a full run)
+    lora_sync: str = "adapter"
+    export_merged: bool = False           # LoRA exports: also RUN/exports/step-N-merged, an HF checkpoint without peft
     microbatch_tokens: int = 16384        # packed tokens per forward pass
     torch_threads: int = 1                # CPU ranks
     # memory (tbhpc plan prints what each costs; none changes what is learnt)
@@ -185,6 +189,8 @@ class TrainConfig:
             raise UserError(f"train config: field 'lora_rank' must be a whole number >= 0 (0: every parameter), got {self.lora_rank!r}")
         if self.lora_rank and not self.lora_alpha > 0:
             raise UserError(f"train config: field 'lora_alpha' must be > 0, got {self.lora_alpha!r}")
+        if self.lora_sync not in ("adapter", "merged"):
+            raise UserError(f"train config: field 'lora_sync' must be adapter or merged, got {self.lora_sync!r}")
         if not 0 <= self.lora_dropout < 1:
             raise UserError(f"train config: field 'lora_dropout' must be in [0, 1), got {self.lora_dropout!r}")
         if self.lora_rank and (not self.lora_targets or not all(isinstance(t, str) and t for t in self.lora_targets)):
@@ -295,6 +301,11 @@ class TrainConfig:
     @property
     def draw_cap(self) -> int:
         return self.max_draws or 4 * self.groups_per_step
+
+    @property
+    def adapter_sync(self) -> bool:
+        """A LoRA run that publishes its adapter alone (and so wants a server with LoRA on)."""
+        return self.lora_rank > 0 and self.lora_sync == "adapter"
 
     def validate(self, source: str = "train config") -> None:
         if not self.model:

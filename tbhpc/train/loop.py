@@ -146,8 +146,13 @@ class Trainer:
 
             from tbhpc.policy.generation import LocalGenerator
             # the published copy (not this process's module): exactly the weights a server would load
-            path = self.cfg.model if version == 0 else str(published(self.run_path, version).path)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            pub = published(self.run_path, version) if version else None
+            if pub is not None and pub.weights == "adapter":
+                from tbhpc.train.lora import load_adapted
+                model = load_adapted(self.cfg.model, str(pub.path)).eval()
+            else:
+                path = str(pub.path) if pub is not None else self.cfg.model
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
             old = self.ctx.policy._engine[1] if self.ctx.policy._engine else None
             if self.cfg.generator == "batched" and old is not None:
                 old.load_weights(model, want)
@@ -446,11 +451,11 @@ class Trainer:
         writes), with digests of exactly what was sent or written and the fingerprint; an export
         when one is due. Collective: every rank calls it."""
         from tbhpc.serve.fingerprint import compute_fingerprint
-        from tbhpc.train.publish import publish_broadcast, publish_files
+        from tbhpc.train.publish import publish_adapter, publish_broadcast, publish_files
         cfg = self.cfg
         fp = compute_fingerprint(self.eng.module, self.eng.tokenizer)
-        how = None
-        if cfg.sync_transport == "broadcast":
+        how = publish_adapter(self.eng, self.run_path, step, fp) if cfg.adapter_sync else None
+        if how is None and cfg.sync_transport == "broadcast":
             how = publish_broadcast(self.eng, self.run_path, step, fp, cfg.sync_join_timeout_s, cfg.sync_bucket_mb << 20,
                                     self.eng.gpu, self.log)
         if how is None:
@@ -465,14 +470,8 @@ class Trainer:
                 f.write(json.dumps({"step": step, "at": time.time(), **how}) + "\n")
         due = (cfg.export_every and step % cfg.export_every == 0) or step == cfg.steps or self.stopped or self.out_of_time
         if due:
-            dest = self.run_path / "exports" / version_name(step)
-            if how["transport"] == "files":
-                if self.rank0:
-                    shutil.rmtree(dest, ignore_errors=True)
-                    shutil.copytree(published(self.run_path, step).path, dest)
-            else:
-                from tbhpc.train.publish import write_shards
-                write_shards(self.eng, dest, [], False)
+            from tbhpc.train.publish import export_step
+            dest = export_step(self.eng, self.run_path, step, how)
             if self.rank0 and cfg.export_eval:
                 self.log(start_export_eval(cfg, self.run_path, step, dest))
         if self.rank0:

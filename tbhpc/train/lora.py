@@ -58,3 +58,38 @@ def merged(layer, base_weight):
 def layer_params(layer) -> list:
     """What must be gathered to merge one layer: its base weight and both adapter matrices."""
     return [layer.base_layer.weight, layer.lora_A["default"].weight, layer.lora_B["default"].weight]
+
+
+def adapter_tensors(module, zero3: bool, keep: bool) -> dict:
+    """{"model.layers.0.self_attn.q_proj.lora_A.weight": float32 tensor, ...} of every adapter, B
+    scaled by alpha / r (serve/adapter.py says why), on the ranks where `keep` (empty elsewhere).
+    Collective under ZeRO-3: each layer's two matrices are gathered, copied and released in turn."""
+    from contextlib import nullcontext
+
+    from peft.tuners.lora import LoraLayer
+    out = {}
+    for name, m in module.named_modules():
+        if not isinstance(m, LoraLayer):
+            continue
+        a, b = m.lora_A["default"].weight, m.lora_B["default"].weight
+        if zero3:
+            import deepspeed
+            gather = deepspeed.zero.GatheredParameters([a, b], modifier_rank=None)
+        else:
+            gather = nullcontext()
+        with gather:
+            if keep:
+                base = name.removeprefix(PREFIX)
+                out[f"{base}.lora_A.weight"] = a.data.detach().float().cpu().clone()
+                out[f"{base}.lora_B.weight"] = (b.data.detach().float() * m.scaling["default"]).cpu()
+    return out
+
+
+def load_adapted(base_model: str, adapter_dir: str, dtype=None):
+    """The base model with an adapter directory merged in (transformers + peft, on the CPU): what a
+    server serving that adapter computes, as a plain transformers model."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype or torch.float32)
+    return PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()

@@ -123,3 +123,60 @@ def publish_broadcast(eng, run_path: Path, step: int, fp: Fingerprint, join_time
     mark_ready(run_path, step, None, fp, {dtype: digest_table(tensors, dtype, tied)}, transport="broadcast")
     return {"transport": "broadcast", "join_s": round(sender.join_s, 4), "stream_s": round(t2 - t1, 4),
             "bytes": sent, "offer_s": round(t1 - t0, 4), "gb_per_s": round(sent / max(t2 - t1, 1e-9) / 1e9, 3)}
+
+
+def publish_adapter(eng, run_path: Path, step: int, fp: Fingerprint, dest: Path | None = None) -> dict:
+    """A LoRA run's step: its adapter alone (serve/adapter.py: PEFT's format, the scale folded into B),
+    digested in the served dtype and written by rank 0 to checkpoints/step-N, then its ready marker
+    (`weights: adapter`). Megabytes where a full publication moves the model. `dest`: write there
+    instead, with no marker (an export). Collective under ZeRO-3 (the adapters are gathered)."""
+    from tbhpc.serve.adapter import adapter_digests, write_adapter
+    from tbhpc.train.lora import adapter_tensors
+    rank0 = eng.env.rank == 0
+    t0 = time.monotonic()
+    tensors = adapter_tensors(eng.module, eng.cfg.zero_stage == 3, rank0)
+    t1 = t2 = t3 = time.monotonic()
+    if rank0:
+        digests = adapter_digests(tensors, served_dtypes(run_path, fp.dtype)) if dest is None else {}
+        t2 = time.monotonic()
+        where = write_adapter(dest or run_path / CKPT_DIR / version_name(step), tensors, eng.cfg.lora_rank,
+                              eng.cfg.lora_targets, str(eng.cfg.model))
+        t3 = time.monotonic()
+        if dest is None:
+            mark_ready(run_path, step, where, fp, digests, weights="adapter")
+    eng.barrier()
+    return {"transport": "files", "weights": "adapter", "gather_s": round(t1 - t0, 4), "digest_s": round(t2 - t1, 4),
+            "write_s": round(t3 - t2, 4), "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+            "tensors": len(tensors), "ranks": eng.env.world}
+
+
+def export_step(eng, run_path: Path, step: int, how: dict) -> Path:
+    """RUN/exports/step-N: what was published as files, copied, else written again (a broadcast).
+    A LoRA run's is its adapter (PEFT's format), and with export_merged (or an export eval to run)
+    RUN/exports/step-N-merged is the HF checkpoint too. Returns the directory an export eval loads
+    (the HF checkpoint). Collective."""
+    from tbhpc.serve.checkpoints import published
+    cfg, rank0 = eng.cfg, eng.env.rank == 0
+    dest = run_path / "exports" / version_name(step)
+    as_files = how["transport"] == "files"
+    weights = how.get("weights", "full")
+
+    def copy(to: Path) -> None:
+        if rank0:
+            shutil.rmtree(to, ignore_errors=True)
+            shutil.copytree(published(run_path, step).path, to)
+        eng.barrier()
+
+    if cfg.lora_rank:
+        if as_files and weights == "adapter":
+            copy(dest)
+        else:
+            publish_adapter(eng, run_path, step, None, dest)
+        if not (cfg.export_merged or cfg.export_eval):
+            return dest
+        dest = dest.with_name(dest.name + "-merged")
+    if as_files and weights == "full":
+        copy(dest)
+    else:
+        write_shards(eng, dest, [], False)
+    return dest

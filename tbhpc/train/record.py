@@ -37,7 +37,7 @@ EXECUTION_FIELDS = ("steps", "max_seconds", "episodes_in_flight", "microbatch_to
                     "sync_timeout_s", "tensorboard", "nodes", "gpus_per_node", "serve_config", "serve", "slurm",
                     "logprob_chunk", "sp_size", "tiled_mlp", "checkpoint_offload", "offload_optimizer", "offload_params",
                     "gpu_memory_gb", "host_memory_gb", "env", "collective_timeout_s", "request_floor_tokens_per_s",
-                    "sync_transport", "sync_join_timeout_s", "sync_bucket_mb", "openenv")
+                    "sync_transport", "sync_join_timeout_s", "sync_bucket_mb", "openenv", "lora_sync", "export_merged")
 
 STEP_COLUMNS: dict[str, str] = {
     "run": "VARCHAR", "step": "INTEGER", "policy_version": "VARCHAR", "world": "INTEGER",

@@ -20,6 +20,9 @@ On GPU no layer has `cpu_linear`; the extension only reloads and reports "gpu".
 
 `tbhpc_receive` = the same reload from tensors the trainer broadcasts (tbhpc_wire.py) instead of files.
 
+`tbhpc_load_adapter` = a LoRA run's sync: the step's adapter replaces the served one in place
+(tbhpc_adapter.py); the base weights are never touched.
+
 `tbhpc_digest` = exact digests of every weight as this worker computes with it (parameters and
 packed kernel copies, named like the checkpoint's tensors: `tbhpc_served_digest.py`), which the
 supervisor compares with the digests the publisher wrote into the ready marker.
@@ -97,14 +100,19 @@ class WeightSync:
                 "pp_rank": int(get_pp_group().rank_in_group), "pp": int(parallel.pipeline_parallel_size),
                 "tp_rank": int(get_tensor_model_parallel_rank()), "tp": int(parallel.tensor_parallel_size)}
 
-    def tbhpc_digest(self, report_dir: str = "", replicas: int = 0) -> dict:
-        """This worker's digests of the weights it computes with (see tbhpc_served_digest), with its
-        place. Also written to `report_dir` (one file per worker): with data parallelism vLLM's RPC
-        returns the first replica's answers only, and every replica must be checked."""
-        from tbhpc_served_digest import served_digests
+    def tbhpc_digest(self, report_dir: str = "", replicas: int = 0, adapter: bool = False) -> dict:
+        """This worker's digests of the weights it computes with (see tbhpc_served_digest), or with
+        `adapter` of the LoRA adapter it serves (tbhpc_adapter), with its place. Also written to
+        `report_dir` (one file per worker): with data parallelism vLLM's RPC returns the first
+        replica's answers only, and every replica must be checked."""
         place = self.tbhpc_place(int(replicas))
-        report = {**served_digests(self.model_runner.get_model(), self.vllm_config.model_config.dtype, kernel_path,
-                                   place["tp_rank"]), **place}
+        dtype = self.vllm_config.model_config.dtype
+        if adapter:
+            from tbhpc_adapter import adapter_digests
+            report = {**adapter_digests(self, dtype, place["tp_rank"]), **place}
+        else:
+            from tbhpc_served_digest import served_digests
+            report = {**served_digests(self.model_runner.get_model(), dtype, kernel_path, place["tp_rank"]), **place}
         if report_dir:
             _write_json(os.path.join(report_dir, f"dp{place['dp_rank']}-pp{place['pp_rank']}-tp{place['tp_rank']}.json"),
                         report)
@@ -113,6 +121,20 @@ class WeightSync:
     def tbhpc_reload(self, weights_path: str) -> dict:
         """vLLM's in-place reload from a checkpoint directory, then the kernel copies it left stale."""
         return self._reload(lambda: self.reload_weights(weights_path=weights_path, is_checkpoint_format=True))
+
+    def tbhpc_load_adapter(self, path: str, name: str) -> dict:
+        """A LoRA sync: the adapter in the PEFT directory `path` replaces the one this worker serves
+        (tbhpc_adapter.load_adapter). Test faults as for a reload: `skip_reload` loads nothing,
+        `flip:<adapter tensor>` moves one element of the loaded adapter by one ulp."""
+        from tbhpc_adapter import flip_adapter, load_adapter
+        fault = _fault()
+        if fault == "skip_reload":
+            return {"load_s": 0.0, "test_fault": fault}
+        report = load_adapter(self, path, name)
+        if fault.startswith("flip:"):
+            flip_adapter(self, fault.removeprefix("flip:"))
+            report["test_fault"] = fault
+        return report
 
     def tbhpc_receive(self, host: str, port: int, world: int, meta: list, bucket_bytes: int,
                       timeout_s: float = 600.0) -> dict:
