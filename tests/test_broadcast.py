@@ -121,7 +121,7 @@ def test_a_broadcast_sync_is_checked_like_a_file_sync_and_a_stream_that_loads_no
         s.server, s.kernels = fake, {"paths": {"torch": 3}, "dtype": "bfloat16"}
 
     monkeypatch.setattr(s, "_launch", launch)
-    monkeypatch.setattr(verify_mod, "served_digest", lambda url, report_dir=None, replicas=0: {
+    monkeypatch.setattr(verify_mod, "served_digest", lambda url, report_dir=None, replicas=0, adapter=False: {
         **state_digest(fake.held, "bfloat16"), "tensors": {n: {"shape": list(t.shape), "param": h} for (n, t), h in
                                                           zip(fake.held.items(), state_digest(fake.held, "bfloat16")["tensors"].values())}})
     monkeypatch.setattr(verify_mod, "check_server",

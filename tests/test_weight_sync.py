@@ -123,6 +123,16 @@ class FakeServer:
     started_at: float = 0.0
     stopped: bool = False
 
+    skip_adapter_loads: int = 0               # adapter loads that keep the old adapter (a load that read nothing)
+
+    def load_adapter(self, path, version):
+        if self.skip_adapter_loads:
+            self.skip_adapter_loads -= 1
+        else:
+            self.loaded = path
+        self.version = version
+        return {"load_s": 0.001}
+
     def reload(self, path, version, method):
         self.loaded = "stale" if (self.stale_reload and method == "vllm") else path
         self.version = version
@@ -142,7 +152,8 @@ def _digest(path: str) -> str:
     return f"{abs(hash(path)) & (2**64 - 1):016x}"
 
 
-def _supervisor(tmp_path, monkeypatch, stale_reload=False, corrupt=(), probe_err=None, dtype="float32", **cfg):
+def _supervisor(tmp_path, monkeypatch, stale_reload=False, corrupt=(), probe_err=None, dtype="float32", skip_adapter_loads=0,
+                **cfg):
     """A Supervisor over FakeServers; `corrupt`: checkpoint paths whose weights on disk do not
     match their marker (a damaged copy): every server that loads them holds other digests.
     `probe_err`: the probe's mean error whatever is loaded (default: 0 on a match, 0.3 otherwise)."""
@@ -150,11 +161,12 @@ def _supervisor(tmp_path, monkeypatch, stale_reload=False, corrupt=(), probe_err
     s = sup_mod.Supervisor(tmp_path, ServeConfig(model="/base", device="cpu", **cfg), log=lambda m: None)
 
     def launch(model, port):
-        s.server = FakeServer(model, port=port or 9000, stale_reload=stale_reload, proc=FakeProc(100 + len(servers)))
+        s.server = FakeServer(model, port=port or 9000, stale_reload=stale_reload, proc=FakeProc(100 + len(servers)),
+                              skip_adapter_loads=skip_adapter_loads if not servers else 0)
         servers.append(s.server)
         s.kernels = {"paths": {"onednn": 10}, "dtype": dtype}
 
-    def served_digest(base_url, report_dir=None, replicas=0):
+    def served_digest(base_url, report_dir=None, replicas=0, adapter=False):
         held = s.server.loaded + ("#damaged" if s.server.loaded in corrupt else "")
         return {"dtype": dtype, "digest_s": 0.01, "tensors": {"w": {"shape": [2], "kernel": _digest(held)}}}
 
@@ -170,16 +182,17 @@ def _supervisor(tmp_path, monkeypatch, stale_reload=False, corrupt=(), probe_err
     return s, servers
 
 
-def _publish(tmp_path, step, fingerprint=True, digests=("float32",)):
+def _publish(tmp_path, step, fingerprint=True, digests=("float32",), weights="full"):
     path = tmp_path / "checkpoints" / f"step-{step:06d}"
     path.mkdir(parents=True)
+    (path / "adapter_model.safetensors").write_bytes(b"x" * 4096)
     fp = Fingerprint([1, 2, 3], [-1.0, -2.0], "float32") if fingerprint else None
     if fp is None:
         marker = tmp_path / "checkpoints" / f"step-{step:06d}.ready"
         marker.write_text(json.dumps({"step": step, "path": str(path), "published_at": 0.0}))
         return str(path)
     mark_ready(tmp_path, step, path, fp, {dt: {"dtype": dt, "tensors": {"w": _digest(str(path.resolve()))},
-                                               "total": "t"} for dt in digests})
+                                               "total": "t"} for dt in digests}, weights=weights)
     return str(path)
 
 
@@ -218,6 +231,43 @@ def test_an_inexact_reload_falls_back_to_a_restart_that_is_checked_too(tmp_path,
     assert len(servers) == 2 and servers[0].stopped and servers[1].loaded == path and servers[1].port == 9000
     ep = read_endpoint(tmp_path)
     assert ep.version == "step-000001" and ep.pid == 101 and ep.model_path == path
+
+
+def test_a_lora_server_loads_each_adapter_in_place_and_checks_it(tmp_path, monkeypatch):
+    """lora_rank > 0: the step's adapter replaces the served one in place (the base untouched), is
+    digested and probed like any sync, and the record says it was an adapter and how many bytes."""
+    s, servers = _supervisor(tmp_path, monkeypatch, lora_rank=4)
+    path = _publish(tmp_path, 1, weights="adapter")
+    entry = s.sync_if_new()
+    assert (entry["mode"], entry["weights"], entry["verified"], entry["digest_equal"]) == ("adapter", "adapter", True, True)
+    assert entry["adapter"] == {"bytes": 4096, "load_s": 0.001} and entry["attempts"] == []
+    assert servers[0].loaded == path and len(servers) == 1
+    ep = read_endpoint(tmp_path)
+    assert ep.version == "step-000001" and ep.model_path == "/base"          # the base it started on, untouched
+
+
+def test_an_adapter_load_that_did_not_take_is_loaded_into_a_fresh_server(tmp_path, monkeypatch):
+    s, servers = _supervisor(tmp_path, monkeypatch, lora_rank=4, skip_adapter_loads=1)
+    _publish(tmp_path, 1, weights="adapter")
+    entry = s.sync_if_new()
+    assert (entry["mode"], entry["verified"]) == ("restart", True) and len(servers) == 2 and servers[0].stopped
+    assert entry["attempts"][0]["mode"] == "adapter" and "digest: DIFFERS" in entry["attempts"][0]["error"]
+    refusing, _ = _supervisor(tmp_path / "r", monkeypatch, lora_rank=4, skip_adapter_loads=1, on_mismatch="refuse")
+    _publish(tmp_path / "r", 1, weights="adapter")
+    entry = refusing.sync_if_new()
+    assert (entry["served_as"], entry["mode"]) == ("rejected:step-000001", "adapter")
+
+
+@pytest.mark.parametrize("lora_rank, weights, message", [
+    (0, "adapter", "step-000001 is an adapter but this server serves full weights; serve with lora_rank > 0"),
+    (4, "full", "step-000001 is a full checkpoint but this server serves LoRA adapters; publish adapters"),
+])
+def test_a_server_refuses_the_other_kind_of_weights(tmp_path, monkeypatch, lora_rank, weights, message):
+    s, servers = _supervisor(tmp_path, monkeypatch, lora_rank=lora_rank)
+    _publish(tmp_path, 1, weights=weights)
+    entry = s.sync_if_new()
+    assert entry["served_as"] == "rejected:step-000001" and entry["error"].startswith(message), entry["error"]
+    assert servers[0].loaded == "/base" and len(servers) == 1                # nothing was loaded
 
 
 def test_a_checkpoint_that_never_matches_is_refused_not_announced(tmp_path, monkeypatch, capsys):
@@ -289,7 +339,7 @@ def test_a_server_that_cannot_digest_everything_it_holds_is_refused(tmp_path, mo
     _publish(tmp_path, 1)
     assert s.sync_if_new()["verified"] is True
     monkeypatch.setattr(verify_mod, "served_digest",
-                        lambda url, report_dir=None, replicas=0: {"unsupported": "no digest from replica 1 of 2 x 4 workers"})
+                        lambda url, report_dir=None, replicas=0, adapter=False: {"unsupported": "no digest from replica 1 of 2 x 4 workers"})
     _publish(tmp_path, 2)
     entry = s.sync_if_new()
     assert entry["verified"] is False and entry["digest_equal"] is False and entry["probe_mean_err"] == 0.0

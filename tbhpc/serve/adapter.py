@@ -91,3 +91,4 @@ def write_null_adapter(dest: Path | str, base_model: str) -> Path:
     name = "model.layers.0.mlp.down_proj"
     return write_adapter(dest, {f"{name}.lora_A.weight": torch.zeros(1, inner),
                                 f"{name}.lora_B.weight": torch.zeros(hidden, 1)}, 1, ["down_proj"], base_model)
+

@@ -17,13 +17,19 @@ from tbhpc.serve.auth import bearer, read_token
 
 
 def http_json(url: str, body: dict | None = None, timeout: float = 30.0, token: str = "") -> Any:
-    """GET (no body) or POST `body` as JSON; the parsed answer (None when empty)."""
+    """GET (no body) or POST `body` as JSON; the parsed answer (None when empty; the text itself from
+    a route that answers in plain text, like vLLM's LoRA routes)."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET",
                                  headers={"Content-Type": "application/json", **bearer(token)})
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         raw = resp.read()
-    return json.loads(raw) if raw.strip() else None
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode("utf-8", "replace")
 
 
 @dataclass(frozen=True)

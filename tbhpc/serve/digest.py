@@ -119,6 +119,10 @@ def merge_served(results: list) -> list[dict] | dict:
     pipeline) workers' partial sums added (mod 2^64) into whole-tensor digests; or {"unsupported":
     why} when a worker's report is missing: every replica, every shard, or the check fails."""
     from tbhpc.serve.vllm_ext.tbhpc_digest import MASK64, hexd
+    failed = [r for r in results if isinstance(r, dict) and r.get("error")]
+    if failed:
+        r = failed[0]
+        return {"unsupported": f"worker dp{r.get('dp_rank', 0)}-tp{r.get('tp_rank', 0)} could not digest: {r['error']}"}
     reports = [r for r in results if isinstance(r, dict) and "tensors" in r]
     if not reports:
         return {"unsupported": "no digest from the server (no tbhpc worker extension?)"}

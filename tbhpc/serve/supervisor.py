@@ -238,10 +238,12 @@ class Supervisor:
         from tbhpc.serve.adapter import WEIGHTS_FILE
         provisional = UNVERIFIED + pub.version
         entry.update(weights="adapter", adapter={"bytes": (pub.path / WEIGHTS_FILE).stat().st_size})
+        tried = "adapter"
         for mode in ("adapter", "restart"):
             if mode == "restart":
                 if self.cfg.on_mismatch == "refuse" or self.stop_event.is_set():
                     break
+                tried = mode
                 self.log(f"serve: the adapter of {pub.version} is not served exactly ({entry['attempts'][-1]['error']}); "
                          "loading it into a fresh server")
                 self.server.stop()
@@ -258,7 +260,7 @@ class Supervisor:
             else:
                 return self._accept(pub, previous, check, mode, t0, entry)
             entry["attempts"].append({"mode": mode, "error": str(refusal)})
-        entry.update(mode=mode, sync_s=round(time.time() - t0, 4))
+        entry.update(mode=tried, sync_s=round(time.time() - t0, 4))
         return self._refuse(pub, refusal, entry, previous)
 
     def _expect(self, pub: Published) -> None:

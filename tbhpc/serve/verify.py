@@ -120,15 +120,16 @@ def check_endpoint(run: Path | None = None, url: str | None = None, model: str =
     if run is None:
         model = model or _first_model(server)
     version, dtype = _served_version(server, model), _served_dtype(server)
+    adapter = False
     if checkpoint is not None:
         (fp, digests), source = _reference_of(checkpoint, dtype), str(checkpoint)
     elif run is not None:
-        fp, digests, source = _run_reference(run, version, ep.model_path, dtype)
+        fp, digests, source, adapter = _run_reference(run, version, ep.model_path, dtype)
     else:
         raise UserError("serve-check --url: --checkpoint DIR (the weights it should serve) is required")
     tol = tol or max(default_tol(fp.dtype), default_tol(dtype))
     want = (digests or {}).get(dtype) if dtype else None
-    verdict = check_weights(server, model, version, want, fp, tol)
+    verdict = check_weights(server, model, version, want, fp, tol, adapter=adapter)
     if dtype and want is None:
         verdict.digest = DigestCheck(dtype, mismatch=f"the reference has no digest for {dtype} (only "
                                                      f"{', '.join(digests or {}) or 'none'})")
@@ -140,20 +141,24 @@ def _reference_of(path: Path | str, dtype: str) -> tuple[Fingerprint, dict]:
     return compute_fingerprint(model, tok), model_digests(model, [dtype] if dtype else served_dtypes(None, "float32"))
 
 
-def _run_reference(run: Path, version: str, model_path: str, dtype: str) -> tuple[Fingerprint, dict, str]:
+def _run_reference(run: Path, version: str, model_path: str, dtype: str) -> tuple[Fingerprint, dict, str, bool]:
+    """(fingerprint, digests, where they came from, whether they are of a LoRA adapter)."""
     claimed = version.removeprefix(UNVERIFIED).removeprefix(REJECTED)
     try:
         step = version_step(claimed)
     except ValueError:
         raise UserError(f"serve-check {run}: the server reports version {version!r}, which names no checkpoint") from None
     if step == 0:
-        return (*_reference_of(model_path, dtype), model_path)
+        return (*_reference_of(model_path, dtype), model_path, False)
     pub = published(run, step)
     if pub is None:
         raise UserError(f"serve-check {run}: no ready marker for {claimed} under {run}/checkpoints")
+    adapter = pub.weights == "adapter"
+    if (not pub.fingerprint or not pub.digests) and not adapter:
+        return (*_reference_of(pub.path, dtype), str(pub.path), False)
     if not pub.fingerprint or not pub.digests:
-        return (*_reference_of(pub.path, dtype), str(pub.path))
-    return Fingerprint.from_json(pub.fingerprint), pub.digests, f"{claimed} marker"
+        raise UserError(f"serve-check {run}: the marker of {claimed} (a LoRA adapter) has no fingerprint or digest")
+    return Fingerprint.from_json(pub.fingerprint), pub.digests, f"{claimed} marker", adapter
 
 
 def _reachable(server: ServerClient, who: str) -> None:

@@ -93,3 +93,20 @@ def load_adapted(base_model: str, adapter_dir: str, dtype=None):
     from transformers import AutoModelForCausalLM
     base = AutoModelForCausalLM.from_pretrained(base_model, dtype=dtype or torch.float32)
     return PeftModel.from_pretrained(base, adapter_dir).merge_and_unload()
+
+
+def publish_adapter_checkpoint(run_dir, step: int, peft_model, tokenizer, rank: int, targets: list[str], base_model: str):
+    """An adapter of your own (a peft model on the CPU) published as a LoRA run's step: its tensors
+    (B scaled), their digests in the served dtype, the adapted model's fingerprint, then the marker.
+    The single-process counterpart of the trainer's publish_adapter (train/publish.py)."""
+    from pathlib import Path
+
+    from tbhpc.serve.adapter import adapter_digests, write_adapter
+    from tbhpc.serve.checkpoints import CKPT_DIR, mark_ready, version_name
+    from tbhpc.serve.digest import served_dtypes
+    from tbhpc.serve.fingerprint import compute_fingerprint
+    tensors = adapter_tensors(peft_model, False, True)
+    fp = compute_fingerprint(peft_model, tokenizer)
+    digests = adapter_digests(tensors, served_dtypes(run_dir, fp.dtype))
+    dest = write_adapter(Path(run_dir) / CKPT_DIR / version_name(step), tensors, rank, targets, base_model)
+    return mark_ready(run_dir, step, dest, fp, digests, weights="adapter")

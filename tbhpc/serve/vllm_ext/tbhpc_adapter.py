@@ -83,8 +83,8 @@ def adapter_digests(worker, dtype, tp_rank: int = 0) -> dict:
         entry["param"] = (entry.get("param", 0) + value) & MASK64
 
     for module_name, module in am.modules.items():
-        if not hasattr(module, "lora_a_stacked"):
-            continue
+        if not isinstance(getattr(module, "lora_a_stacked", None), (tuple, list)):
+            continue                    # not a linear layer with LoRA (embeddings and heads stack differently)
         names = {c.__name__ for c in type(getattr(module, "base_layer", module)).__mro__}
         row_parallel = "RowParallelLinear" in names
         tp = int(getattr(module, "tp_size", 1) or 1)
@@ -129,7 +129,7 @@ def flip_adapter(worker, tensor: str) -> None:
     packed = dict(getattr(am, "packed_modules_mapping", None) or {})
     which, _, _ = tensor.rpartition(".weight")[0].rpartition(".")
     for module_name, module in am.modules.items():
-        if not hasattr(module, "lora_a_stacked"):
+        if not isinstance(getattr(module, "lora_a_stacked", None), (tuple, list)):
             continue
         for i, name in enumerate(_slices(module_name, module, packed)):
             if name != which:

@@ -107,9 +107,12 @@ class WeightSync:
         replica's answers only, and every replica must be checked."""
         place = self.tbhpc_place(int(replicas))
         dtype = self.vllm_config.model_config.dtype
-        if adapter:
+        if adapter:     # a failure is reported, not raised: an exception in an RPC ends vLLM's engine
             from tbhpc_adapter import adapter_digests
-            report = {**adapter_digests(self, dtype, place["tp_rank"]), **place}
+            try:
+                report = {**adapter_digests(self, dtype, place["tp_rank"]), **place}
+            except Exception as exc:
+                report = {"error": f"{type(exc).__name__}: {exc}", **place}
         else:
             from tbhpc_served_digest import served_digests
             report = {**served_digests(self.model_runner.get_model(), dtype, kernel_path, place["tp_rank"]), **place}
