@@ -104,3 +104,33 @@ def test_make_train_runs_one_step_off_policy_grpo_on_the_cluster_with_the_server
     state = subprocess.run(["sacct", "-n", "-X", "-j", str(job), "-o", "State"], capture_output=True, text=True).stdout
     assert state.split() == ["COMPLETED"], state
     assert eval_export(run / "exports" / "step-000006", tmp_path / "ev", REPO) == 4
+
+
+def test_make_train_runs_lora_grpo_with_every_adapter_sync_verified(tmp_path):
+    """jobs/train-lora.yaml: rank-8 adapters on a frozen base; each step's adapter alone goes to the
+    serving job (vLLM with LoRA on), which loads it in place and checks it exactly before step N+1
+    samples from it; the exports are the adapter (PEFT's format) and the merged HF checkpoint."""
+    _need_cluster()
+    run = tmp_path / "run"
+    res = subprocess.run(["make", "train", "NODES=3", "CONFIG=jobs/train-lora.yaml", f"RUN={run}", "WAIT=1"], cwd=REPO,
+                         capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert "3 steps done" in res.stdout
+    con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
+    steps = con.execute("SELECT step, policy_version, world FROM train_steps ORDER BY step").fetchall()
+    con.close()
+    assert steps == [(1, "base", 3), (2, "step-000001", 3), (3, "step-000002", 3)]
+    from tbhpc.serve.checkpoints import read_syncs
+    syncs = [s for s in read_syncs(run) if s.get("version", "").startswith("step-")]
+    assert {s["version"] for s in syncs} >= {"step-000001", "step-000002"}, syncs
+    assert all(s["verified"] and s["digest_equal"] and s["weights"] == s["mode"] == "adapter" for s in syncs), syncs
+    assert all(s["digest_tensors"] == 2 * 2 * 7 for s in syncs), syncs      # A and B, 7 projections, 2 layers
+    import json
+    pubs = [json.loads(line) for line in (run / "logs" / "publish.jsonl").read_text().splitlines()]
+    assert [(p["step"], p["weights"]) for p in pubs] == [(n, "adapter") for n in (1, 2, 3)], pubs
+    model_bytes = (REPO / "build" / "models" / "tiny-warm" / "model.safetensors").stat().st_size
+    assert all(s["adapter"]["bytes"] < model_bytes for s in syncs), (syncs, model_bytes)
+    export = run / "exports" / "step-000003"
+    assert (export / "adapter_config.json").exists() and (export / "adapter_model.safetensors").exists()
+    assert eval_export(run / "exports" / "step-000003-merged", tmp_path / "ev", REPO) == 4
+    assert not (run / "endpoint.json").exists() and token_leaks(run) == []

@@ -13,7 +13,8 @@ Protocol (both sides import only this module):
    `rejected:step-NNNNNN` there instead.
 Each sync is timed and appended to `RUN/logs/weight_sync.jsonl` with the check's figures.
 Samples tagged with anything but `base` or `step-N` are never trained on (`trusted_version`).
-Files work across jobs, partitions and restarts and survive either side being requeued; a
+A LoRA run publishes its adapter alone (`weights: adapter`, serve/adapter.py), which a LoRA server loads
+in place over its base. Files work across jobs, partitions and restarts and survive either side being requeued; a
 broadcast (broadcast.py) moves the weights in seconds instead of minutes and ends in the same
 ready marker (no path), checked the same way. Files stay the fallback and what a server starts from.
 """

@@ -1,10 +1,10 @@
-"""LoRA for the trainer: the base frozen, low-rank adapters trained, merged weights published.
+"""LoRA for the trainer: the base frozen, low-rank adapters trained, adapters (or merged weights) published.
 
-Why merged weights leave the trainer: everything downstream of an update (the HF export, the
-digest the serving job checks, the fingerprint probe, the in-process generator) speaks the base
-model's parameter names and shapes, so a LoRA run publishes W + (alpha / r) B A under the base
-name and the rest of the loop does not know it trained adapters. Only the adapters and their
-optimiser states take memory and gradient traffic.
+What leaves the trainer: by default each step's adapter alone (`adapter_tensors`, written in PEFT's
+format by serve/adapter.py), which a LoRA-serving vLLM loads in place over the base; with
+`lora_sync: merged`, or for a merged export, W + (alpha / r) B A under the base name (`merged`), so
+everything that speaks the base model's names and shapes (the HF export, the digest, the fingerprint)
+works unchanged. Only the adapters and their optimiser states take memory and gradient traffic.
 
 Gradient checkpointing with a frozen base: reentrant checkpointing recomputes a layer only when
 one of its *inputs* requires grad, and with frozen embeddings none does, so the adapters inside

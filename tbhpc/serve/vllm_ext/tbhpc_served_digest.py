@@ -82,22 +82,6 @@ def _pieces(module_name: str, module, rows: int, packed: dict, tp_rank: int, ndi
     if "ColumnParallelLinear" in names:
         return [Piece(module_name, 0, rows, rank * rows)]
     return [Piece(module_name, 0, rows, counted=tp_rank == 0)]
-    if "RowParallelLinear" in names:
-        k = int(module.input_size_per_partition)
-        return [Piece(module_name, 0, rows, 0, rank * k, k * size)]
-    if "ColumnParallelLinear" in names and sizes and sum(sizes) == rows:
-        replicas = int(getattr(module, "num_kv_head_replicas", 1) or 1) if "QKVParallelLinear" in names else 1
-        sub_names = [f"{head}.{s}" if head else s for s in subs] if subs and len(subs) == len(sizes) else None
-        if sub_names is None:
-            return [Piece(module_name, 0, rows, rank * rows)]
-        out, start = [], 0
-        for i, (name, n) in enumerate(zip(sub_names, sizes)):
-            kv = replicas > 1 and i > 0                  # q, then k and v (replicated when kv heads < tp)
-            owner = rank // replicas if kv else rank
-            out.append(Piece(name, start, n, owner * n, counted=not kv or rank % replicas == 0))
-            start += n
-        return out
-    return [Piece(module_name, 0, rows, counted=tp_rank == 0)]
 
 
 def _add(table: dict, name: str, kind: str, value: int, shape) -> None:
