@@ -53,6 +53,22 @@ def test_vllm_command_cpu_and_gpu():
     assert "--reasoning-parser" in gpu and "--no-enable-chunked-prefill" not in gpu
 
 
+def test_a_lora_server_serves_the_base_as_name_base_and_takes_adapters_up_to_its_rank():
+    lora = ServeConfig(model="/m", device="cpu", lora_rank=4)
+    argv, plain = vllm_argv(lora, "/m", 1), vllm_argv(ServeConfig(model="/m", device="cpu"), "/m", 1)
+    assert argv[argv.index("--served-model-name") + 1] == "policy-base" == lora.base_model_name
+    assert argv[argv.index("--max-lora-rank") + 1] == "8" and {"--enable-lora", "--max-loras"} <= set(argv)
+    assert plain[plain.index("--served-model-name") + 1] == "policy" and "--enable-lora" not in plain
+    assert vllm_env(lora, {}, "t")["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in vllm_env(ServeConfig(model="/m", device="cpu"), {}, "t")
+    from tbhpc.serve.adapter import vllm_max_rank
+    assert [vllm_max_rank(r) for r in (1, 2, 16, 17, 512)] == [1, 8, 16, 32, 512]
+    for bad, message in [({"lora_rank": 600}, "field 'lora_rank' must be within 0..512"),
+                         ({"lora_rank": 8, "sync_mode": "restart"}, "field 'sync_mode' must be reload with lora_rank")]:
+        with pytest.raises(UserError, match=message):
+            ServeConfig(model="/m", **bad).validate()
+
+
 def test_endpoint_file_round_trip(tmp_path):
     ep = Endpoint("node7", 8100, "policy", "step-000004", model_path="/ckpt", pid=12, job_id="99")
     write_endpoint(tmp_path, ep)
