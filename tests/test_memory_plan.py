@@ -55,15 +55,49 @@ def test_the_reference_run_fits_on_80_and_141_gb_and_the_longest_episode_is_beyo
     assert "sequence parallel 4, data parallel 4" in text and "verdict: fits" in text
 
 
-def test_the_rendered_plan_is_golden():
-    """`tbhpc plan`'s text for the reference run (TBHPC_UPDATE_GOLDEN=1 rewrites it after a deliberate
-    change; review the diff)."""
+@pytest.mark.parametrize("golden, fields", [("plan_reference.txt", {}),
+                                            ("plan_reference_lora.txt", {"lora_rank": 16, "host_memory_gb": 256})])
+def test_the_rendered_plan_is_golden(golden, fields):
+    """`tbhpc plan`'s text for the reference run, full and LoRA (TBHPC_UPDATE_GOLDEN=1 rewrites it after
+    a deliberate change; review the diff)."""
     import os
-    path = REPO / "tests" / "golden" / "plan_reference.txt"
-    text = render(plan(_ref())).replace(str(REF_MODEL), "jobs/models/qwen3-27b-class") + "\n"
+    path = REPO / "tests" / "golden" / golden
+    text = render(plan(_ref(**fields))).replace(str(REF_MODEL), "jobs/models/qwen3-27b-class") + "\n"
     if os.environ.get("TBHPC_UPDATE_GOLDEN"):
         path.write_text(text)
-    assert text == path.read_text(), "plan_reference.txt changed; review and rerun with TBHPC_UPDATE_GOLDEN=1"
+    assert text == path.read_text(), f"{golden} changed; review and rerun with TBHPC_UPDATE_GOLDEN=1"
+
+
+def test_lora_adapters_are_counted_as_peft_makes_them():
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, Qwen3Config
+    cfg = Qwen3Config(vocab_size=512, hidden_size=96, intermediate_size=200, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=40)
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    with torch.device("meta"):
+        model = get_peft_model(AutoModelForCausalLM.from_config(cfg), LoraConfig(r=8, target_modules=list(targets)))
+    shape = ModelShape.from_config(cfg.to_dict())
+    adapters = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
+    assert adapters == shape.layers * shape.lora_layer_params(8, targets) > 0
+    with pytest.raises(UserError, match="field 'lora_targets': the plan knows the projections"):
+        shape.lora_layer_params(8, ("lm_head",))
+
+
+def test_lora_trains_the_reference_run_on_an_eighth_of_the_gpus():
+    """A frozen base: gradients and Adam's states for the adapters alone, no head gradient. With a node's
+    host memory bounded at 256 GB the full run needs 2 nodes x 8 GPUs, rank-16 LoRA 2 GPUs (its
+    checkpoints in host memory), or 4 when only 64 GB of host memory is there for them."""
+    full, lora = plan(_ref(host_memory_gb=256)), plan(_ref(host_memory_gb=256, lora_rank=16))
+    terms = {t.name: t.bytes for t in lora.terms}
+    adapters = lora.shape.layers * lora.shape.lora_layer_params(16, lora.layout.lora_targets)
+    ranks = lora.layout.ranks
+    assert terms["gradients"] == adapters * 4 / ranks and terms["optimizer states"] == adapters * 12 / ranks
+    assert "head gradient" not in terms and lora.fits and lora.total < full.total - 20 * GB
+    assert full.smallest.startswith("2 nodes x 8 GPUs: as configured"), full.smallest
+    assert lora.smallest.startswith("1 node x 2 GPUs: sp_size=2 checkpoint_offload=true"), lora.smallest
+    assert plan(_ref(host_memory_gb=64, lora_rank=16)).smallest.startswith("1 node x 4 GPUs: as configured")
+    assert "adapter       0.6 s" in render(lora) and "<- lora_sync" in render(lora)
 
 
 def test_a_config_that_does_not_fit_names_the_term_the_field_and_a_change_that_fits():

@@ -104,6 +104,20 @@ class ModelShape:
     def head_params(self) -> int:
         return self.vocab * self.hidden
 
+    def projection(self, name: str) -> tuple[int, int]:
+        """(in, out) features of a decoder layer's linear layer, by its HF name."""
+        h, q, kv, m = self.hidden, self.q_width, self.kv_width, self.intermediate
+        dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, m), "up_proj": (h, m), "down_proj": (m, h)}
+        if name not in dims:
+            raise UserError(f"train config: field 'lora_targets': the plan knows the projections {', '.join(dims)}, "
+                            f"not {name!r}")
+        return dims[name]
+
+    def lora_layer_params(self, rank: int, targets: tuple[str, ...]) -> int:
+        """Adapter parameters of one layer: rank x (in + out) for each adapted projection."""
+        return sum(rank * sum(self.projection(t)) for t in targets)
+
     @property
     def params(self) -> int:
         return self.layers * self.layer_params + self.head_params * (1 if self.tied else 2) + self.hidden
@@ -146,6 +160,8 @@ class Layout:
     max_context: int
     memory_bytes: float         # one GPU (or a CPU rank's share of its node)
     host_bytes: float           # one node (0: not checked)
+    lora_rank: int = 0          # > 0: the base frozen, adapters of this rank on `lora_targets` trained
+    lora_targets: tuple[str, ...] = ()
 
     @property
     def ranks(self) -> int:
@@ -168,7 +184,8 @@ class Layout:
                    chunk=cfg.logprob_chunk, microbatch_tokens=cfg.microbatch_tokens, max_context=cfg.max_context,
                    memory_bytes=cfg.gpu_memory_gb * GB if gpu else (cfg.host_memory_gb * GB / max(cfg.gpus_per_node, 1)
                                                                     if cfg.host_memory_gb else math.inf),
-                   host_bytes=cfg.host_memory_gb * GB)
+                   host_bytes=cfg.host_memory_gb * GB, lora_rank=int(getattr(cfg, "lora_rank", 0) or 0),
+                   lora_targets=tuple(getattr(cfg, "lora_targets", ()) or ()))
 
 
 # ---- the terms -------------------------------------------------------------------------------------
@@ -202,22 +219,28 @@ def layer_work(s: ModelShape, pb: int, tokens: int, tiled: bool = False) -> floa
 
 
 def model_state_terms(s: ModelShape, lay: Layout) -> tuple[list[Term], list[Term]]:
-    """(on the GPU, in host memory) terms of parameters, gradients and optimizer states."""
+    """(on the GPU, in host memory) terms of parameters, gradients and optimizer states. Under LoRA
+    the base is frozen (its parameters only, partitioned as before) and gradients, the fp32 master
+    and Adam's moments exist for the adapters alone."""
     n, pb = s.params, lay.dtype_bytes
     shard = lay.ranks if lay.zero >= 1 else 1
-    params = n * pb / (lay.ranks if lay.zero == 3 else 1)
-    grads = n * 4 / lay.ranks if lay.zero >= 2 else n * pb
-    master = n * 4 / shard          # DeepSpeed keeps an fp32 copy even of fp32 parameters (measured)
-    adam = n * 8 / shard
+    a = s.layers * s.lora_layer_params(lay.lora_rank, lay.lora_targets) if lay.lora_rank else 0
+    trained = a or n
+    params = (n + a) * pb / (lay.ranks if lay.zero == 3 else 1)
+    grads = trained * 4 / lay.ranks if lay.zero >= 2 else trained * pb
+    master = trained * 4 / shard    # DeepSpeed keeps an fp32 copy even of fp32 parameters (measured)
+    adam = trained * 8 / shard
+    what = f"{n / 1e9:.2f}B" + (f" frozen + {a / 1e6:.1f}M adapters" if a else "")
     gpu, host = [], []
     (host if lay.offload_params else gpu).append(
         Term("parameters", params, "offload_params" if lay.zero == 3 else "zero_stage",
-             f"{n / 1e9:.2f}B x {pb} B" + (f" / {lay.ranks} ranks" if lay.zero == 3 else "")))
+             f"{what} x {pb} B" + (f" / {lay.ranks} ranks" if lay.zero == 3 else "")))
     (host if lay.offload_optimizer else gpu).append(
-        Term("gradients", grads, "offload_optimizer", "fp32 partitions" if lay.zero >= 2 else "whole model"))
+        Term("gradients", grads, "offload_optimizer", ("adapters' " if a else "")
+             + ("fp32 partitions" if lay.zero >= 2 else "whole model")))
     (host if lay.offload_optimizer else gpu).append(
         Term("optimizer states", master + adam, "offload_optimizer",
-             f"fp32 master + Adam m, v{f' / {shard} ranks' if shard > 1 else ''}"))
+             f"fp32 master + Adam m, v{' of the adapters' if a else ''}{f' / {shard} ranks' if shard > 1 else ''}"))
     return gpu, host
 
 
@@ -248,9 +271,10 @@ def head_phase(s: ModelShape, lay: Layout, tokens: int) -> list[Term]:
     gradient, the head's weight gradient in fp32 (and its cast), the last layer's activations."""
     pb, t = lay.dtype_bytes, _local(lay, tokens)
     c = min(lay.chunk, t)
-    out = [Term("logprobs", c * s.vocab * (8 + pb), "logprob_chunk", f"chunks of {c:,} x {s.vocab:,} vocab"),
-           Term("head gradient", s.head_params * (4 + (pb if pb < 4 else 0) + (2 * pb if lay.zero >= 2 else 0)), "",
-                "fp32, its cast; ZeRO's flattened copy and reduce-scatter output")]
+    out = [Term("logprobs", c * s.vocab * (8 + pb), "logprob_chunk", f"chunks of {c:,} x {s.vocab:,} vocab")]
+    if not lay.lora_rank:           # under LoRA the head is frozen: no weight gradient
+        out.append(Term("head gradient", s.head_params * (4 + (pb if pb < 4 else 0) + (2 * pb if lay.zero >= 2 else 0)),
+                        "", "fp32, its cast; ZeRO's flattened copy and reduce-scatter output"))
     if lay.zero == 3:
         out.append(Term("head gathered", s.head_params * pb, "", "ZeRO-3 gathers the head to run it"))
     if not lay.checkpointing:
@@ -266,7 +290,11 @@ def layer_phase(s: ModelShape, lay: Layout, tokens: int) -> list[Term]:
                 "tiled_mlp" if not lay.tiled_mlp else "sp_size",
                 ("recomputed " if lay.checkpointing else "") + "activations and their gradients"
                 + (", MLP in slices" if lay.tiled_mlp else ""))]
-    if lay.zero == 3:
+    if lay.zero == 3 and lay.lora_rank:
+        grads = s.lora_layer_params(lay.lora_rank, lay.lora_targets)
+        out.append(Term("layers gathered", 2 * s.layer_params * pb + 2 * grads * pb, "",
+                        "this layer and the next one, this layer's adapter gradients and their flattened copy"))
+    elif lay.zero == 3:
         out.append(Term("layers gathered", 4 * s.layer_params * pb, "",
                         "this layer and the next one, this layer's gradients and their flattened copy"))
     return out
@@ -293,6 +321,7 @@ class MemoryPlan:
     problem: str = ""                           # one line when it does not fit
     phase: str = ""                             # where the peak is
     packed_total: float = 0.0                   # the total at a micro-batch of microbatch_tokens
+    smallest: str = ""                          # GPU configs: the fewest GPUs this run fits on, and how
     sync_transport: str = "files"               # the config's, marked in the sync prediction
 
     @property
@@ -354,9 +383,11 @@ def plan(cfg, shape: ModelShape | None = None, suggest: bool = True) -> MemoryPl
     tokens = max(lay.microbatch_tokens, lay.max_context)
     gpu, host, phase = peak_terms(s, lay, tokens)
     p = MemoryPlan(cfg.model, s, lay, tokens, gpu, host, _sum(gpu), _sum(host), longest_episode(s, lay), phase=phase,
-                   sync_transport=getattr(cfg, "sync_transport", "files"))
+                   sync_transport="adapter" if getattr(cfg, "adapter_sync", False) else getattr(cfg, "sync_transport", "files"))
     p.packed_total = _sum(peak_terms(s, lay, lay.microbatch_tokens)[0])
     p.problem = verdict(p)
+    if suggest and lay.gpu:
+        p.smallest = smallest_layout(cfg, s)
     if p.problem and suggest:
         fix = smallest_fix(cfg, s)
         if fix:
@@ -367,9 +398,18 @@ def plan(cfg, shape: ModelShape | None = None, suggest: bool = True) -> MemoryPl
 def smallest_fix(cfg, s: ModelShape) -> str:
     """The first change (in order of cost to the run: none learns differently) that makes `cfg` fit:
     sequence parallelism up to a node, tiled MLPs, then checkpoints and optimizer states in host memory."""
+    found = _first_fit(cfg, s)
+    if found is None:
+        return ""
+    change, q = found
+    return " ".join(f"{k}={str(v).lower()}" for k, v in change.items()) + f" ({q.total / GB:.1f} GB)"
+
+
+def _first_fit(cfg, s: ModelShape):
+    """(the change, its plan) of smallest_fix, or None."""
     import dataclasses
     if not dataclasses.is_dataclass(cfg):
-        return ""
+        return None
     ranks, sps = cfg.nodes * max(cfg.gpus_per_node, 1), []
     sp = cfg.sp_size * 2
     while sp <= min(ranks, max(cfg.gpus_per_node, 1)) and not (ranks % sp or s.heads % sp or s.kv_heads % sp):
@@ -388,7 +428,39 @@ def smallest_fix(cfg, s: ModelShape) -> str:
         except UserError:
             continue
         if q.fits:
-            return " ".join(f"{k}={str(v).lower()}" for k, v in change.items()) + f" ({q.total / GB:.1f} GB)"
+            return change, q
+    return None
+
+
+LAYOUTS = ((1, 1), (1, 2), (1, 4), (1, 8), (2, 8), (3, 8), (4, 8), (6, 8), (8, 8))   # (nodes, GPUs per node)
+
+
+def smallest_layout(cfg, s: ModelShape) -> str:
+    """The fewest GPUs (of LAYOUTS) on which `cfg` trains, as it is or with its smallest fix, with
+    what a GPU and a node's host memory then hold, e.g. '1 node x 4 GPUs: sp_size=4 (61.2 GB per
+    GPU)'; '' when none does. Host memory is counted whether or not host_memory_gb bounds it."""
+    import dataclasses
+    if not dataclasses.is_dataclass(cfg):
+        return ""
+    for nodes, per in LAYOUTS:
+        sp = min(cfg.sp_size, per)
+        while sp > 1 and (nodes * per % sp or s.heads % sp or s.kv_heads % sp):
+            sp //= 2
+        trial = dataclasses.replace(cfg, nodes=nodes, gpus_per_node=per, sp_size=sp)
+        try:
+            q = plan(trial, s, suggest=False)
+        except UserError:
+            continue
+        change = {"sp_size": sp} if sp != cfg.sp_size else {}
+        if not q.fits:
+            found = _first_fit(trial, s)
+            if found is None:
+                continue
+            change, q = {**change, **found[0]}, found[1]
+        what = " ".join(f"{k}={str(v).lower()}" for k, v in change.items()) or "as configured"
+        host = f", {q.host_total / GB:.0f} GB host memory per node" if q.host_total else ""
+        return (f"{nodes} node{'s' if nodes > 1 else ''} x {per} GPU{'s' if per > 1 else ''}: {what} "
+                f"({q.total / GB:.1f} GB per GPU{host})")
     return ""
 
 
@@ -461,8 +533,13 @@ def render(p: MemoryPlan) -> str:
     if p.packed_total and lay.max_context > lay.microbatch_tokens:
         lines.append(f"  a packed micro-batch of microbatch_tokens {lay.microbatch_tokens:,}: {p.packed_total / GB:.2f} GB")
     if lay.gpu:
-        from tbhpc.plan.sync import predict, render as render_sync
+        from tbhpc.plan.sync import predict, predict_adapter, render as render_sync
         served = s.params * 2                   # vLLM serves bf16
-        lines += render_sync(served, predict(served, lay.nodes, lay.ranks), p.sync_transport)
+        plans = predict(served, lay.nodes, lay.ranks)
+        if lay.lora_rank:                       # the adapter in fp32 (serve/adapter.py)
+            plans += (predict_adapter(s.layers * s.lora_layer_params(lay.lora_rank, lay.lora_targets) * 4),)
+        lines += render_sync(served, plans, p.sync_transport)
+    if p.smallest:
+        lines.append(f"  smallest layout for the trainer: {p.smallest}")
     lines.append(f"  verdict: {'fits' if p.fits else p.problem}")
     return "\n".join(lines)

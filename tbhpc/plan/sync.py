@@ -55,12 +55,20 @@ def predict(model_bytes: float, trainer_nodes: int, ranks: int,
     return broadcast, files
 
 
+def predict_adapter(adapter_bytes: float, rates: SyncRates = SyncRates()) -> SyncPlan:
+    """A LoRA run's adapter-only sync: rank 0 gathers the adapters to host, digests them on its
+    threads and writes them (fp32, PEFT's format); the server reads the file and loads it in place."""
+    b = adapter_bytes / GB
+    return SyncPlan("adapter", (("gather", b / rates.device_to_host), ("digest", b / (rates.cpu_digest * rates.threads)),
+                                ("write", b / rates.fs_write), ("read", b / rates.fs_read), ("load", b / rates.load)))
+
+
 def render(model_bytes: float, plans: tuple[SyncPlan, ...], configured: str) -> list[str]:
     """The plan's weight-sync lines."""
     lines = [f"  weight sync per step ({model_bytes / GB:.1f} GB served; assumed GPU-cluster rates, "
              f"docs/weight-sync.md):"]
     for p in plans:
         parts = ", ".join(f"{name} {s:.1f}" for name, s in p.phases)
-        mark = "  <- sync_transport" if p.transport == configured else ""
+        mark = f"  <- {'lora_sync' if p.transport == 'adapter' else 'sync_transport'}" if p.transport == configured else ""
         lines.append(f"    {p.transport:<10} {p.seconds:6.1f} s  ({parts}){mark}")
     return lines
