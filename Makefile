@@ -114,6 +114,7 @@ bench: env env-vllm env-openenv model-smollm2 $(WARM)/config.json
 	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/sync_transport.py
 	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/lora_sync.py
 	OMP_NUM_THREADS=2 $(VPY) bench/train_step.py
+	OMP_NUM_THREADS=2 $(VPY) bench/lora_update.py
 	$(VPY) bench/memory_plan.py
 	OMP_NUM_THREADS=2 $(VPY) bench/omp_teams.py
 
