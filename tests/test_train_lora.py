@@ -124,15 +124,58 @@ def test_adapters_get_gradients_through_checkpointed_layers_of_a_frozen_base(tin
     assert all(p.grad is None for n, p in model.named_parameters() if ".lora_" not in n)     # the base: frozen
 
 
-def test_a_lora_training_run_publishes_adapters_and_exports_both_ways(warm_dir, tmp_path):
+def _train(run: Path, warm_dir, pool: Path, steps: int):
+    import os
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")}
+    p = subprocess.run([sys.executable, "-m", "tbhpc.cli", "train", str(run), f"model={warm_dir}", f"pool={pool}",
+                        "generator=local", f"steps={steps}", "group_size=4", "groups_per_step=2", "max_draws=8",
+                        "max_tokens=48", "response_budget=160", "lr=1e-2", "microbatch_tokens=4096", "seed=3",
+                        "lora_rank=4", "lora_targets=[q_proj, v_proj]", "export_merged=true"], cwd=HERE.parent,
+                       env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p
+
+
+def _rows(run: Path) -> list[tuple]:
+    import duckdb
+    con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
+    try:
+        return con.execute("SELECT train_step, task_id, attempt_index, reward FROM attempts ORDER BY 1, 2, 3").fetchall()
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def lora_run(warm_dir, tmp_path_factory):
+    """Two steps of `tbhpc train` with lora_rank 4 on q and v, the in-process generator."""
+    tmp = tmp_path_factory.mktemp("lora-train")
+    (tmp / "pool.yaml").write_text("tasks: [consulting-leave_balance-001, consulting-leave_balance-002]\n")
+    _train(tmp / "run", warm_dir, tmp / "pool.yaml", 2)
+    return tmp / "run", tmp / "pool.yaml"
+
+
+def test_a_stopped_lora_run_resumes_to_the_adapters_of_an_uninterrupted_one(lora_run, warm_dir, tmp_path):
+    """One step, stopped; the same run resumed to two: it restores the adapters and their optimiser
+    states from the DeepSpeed checkpoint, draws step 2 as the uninterrupted run did, and ends on the
+    same adapter (same process count: the same arithmetic)."""
+    from tbhpc.serve.adapter import read_adapter
+    ref, pool = lora_run
+    run = tmp_path / "run"
+    _train(run, warm_dir, pool, 1)
+    p = _train(run, warm_dir, pool, 2)
+    assert "resumed from the DeepSpeed checkpoint of step 1" in p.stdout + p.stderr
+    assert _rows(run) == _rows(ref)
+    a, b = read_adapter(ref / "exports" / "step-000002"), read_adapter(run / "exports" / "step-000002")
+    assert a.keys() == b.keys() and all(torch.allclose(a[n], b[n], atol=1e-7) for n in a)
+
+
+def test_a_lora_training_run_publishes_adapters_and_exports_both_ways(lora_run, warm_dir):
     """`tbhpc train` with lora_rank 4 (the in-process generator, two steps): each step publishes its
     adapter alone (PEFT's format, the marker says so), step 2 samples from step 1's adapter on the base,
     and the last step exports the adapter and, with export_merged, a plain HF checkpoint (no peft
     needed) equal to the base with that adapter merged, differing from the warm start in the adapted
     layers only."""
-    import os
-    import subprocess
-
     import duckdb
     from transformers import AutoModelForCausalLM
 
@@ -140,15 +183,7 @@ def test_a_lora_training_run_publishes_adapters_and_exports_both_ways(warm_dir, 
     from tbhpc.serve.adapter import read_adapter
     from tbhpc.serve.checkpoints import published
     from tbhpc.train.lora import load_adapted
-    (tmp_path / "pool.yaml").write_text("tasks: [consulting-leave_balance-001, consulting-leave_balance-002]\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS")}
-    run = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "tbhpc.cli", "train", str(run), f"model={warm_dir}",
-                        f"pool={tmp_path / 'pool.yaml'}", "generator=local", "steps=2", "group_size=4", "groups_per_step=2",
-                        "max_draws=8", "max_tokens=48", "response_budget=160", "lr=1e-2", "microbatch_tokens=4096", "seed=3",
-                        "lora_rank=4", "lora_targets=[q_proj, v_proj]", "export_merged=true"], cwd=HERE.parent,
-                       env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    run, _ = lora_run
     pub = published(run, 2)
     assert pub.weights == "adapter" and sorted(pub.digests) == ["bfloat16", "float32"]
     logged = [json.loads(line) for line in (run / "logs" / "publish.jsonl").read_text().splitlines()]
