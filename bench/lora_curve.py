@@ -119,7 +119,7 @@ def plot(path: Path, curves: dict, args) -> None:
         ax.plot([s for s, _ in rows], [r for _, r in rows], marker="o", ms=3, color=colours[name],
                 linestyle="-" if seed == args.seeds[0] else "--", label=label)
     ax.set_xlabel("step")
-    ax.set_ylabel("pool pass rate (the step's 32 rollouts)")
+    ax.set_ylabel("pool pass rate (the step's attempts)")
     ax.set_ylim(0, 1)
     ax.set_title(f"GRPO on a 4-task pool, {args.model.rsplit('/', 1)[-1]}")
     ax.grid(alpha=0.3)
