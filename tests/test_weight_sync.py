@@ -258,6 +258,24 @@ def test_an_adapter_load_that_did_not_take_is_loaded_into_a_fresh_server(tmp_pat
     assert (entry["served_as"], entry["mode"]) == ("rejected:step-000001", "adapter")
 
 
+def test_a_restarted_lora_server_loads_the_newest_adapter_or_refuses_it(tmp_path, monkeypatch):
+    """A serve job (re)started mid-run starts on the base and loads the newest adapter, checked; an
+    adapter that cannot be loaded is that step refused, and the job keeps serving."""
+    path = _publish(tmp_path, 1, weights="adapter")
+    s, servers = _supervisor(tmp_path, monkeypatch, lora_rank=4)
+    assert read_endpoint(tmp_path).version == "step-000001" and servers[0].loaded == path
+    broken = tmp_path / "b"
+    _publish(broken, 1, weights="adapter")
+
+    def fail(self, path, version):
+        raise OSError("adapter_model.safetensors: truncated")
+    monkeypatch.setattr(FakeServer, "load_adapter", fail)
+    s, _ = _supervisor(broken, monkeypatch, lora_rank=4)
+    entry = read_syncs(broken)[-1]
+    assert read_endpoint(broken).version == "rejected:step-000001" and entry["mode"] == "start"
+    assert entry["error"] == "loading the adapter failed (OSError: adapter_model.safetensors: truncated)"
+
+
 @pytest.mark.parametrize("lora_rank, weights, message", [
     (0, "adapter", "step-000001 is an adapter but this server serves full weights; serve with lora_rank > 0"),
     (4, "full", "step-000001 is a full checkpoint but this server serves LoRA adapters; publish adapters"),

@@ -98,7 +98,7 @@ class Supervisor:
             try:
                 self._expect(pub)
                 if pub.weights == "adapter":
-                    self.server.load_adapter(str(pub.path), UNVERIFIED + pub.version)
+                    self._load_adapter_at_start(pub)
                 check = self.verify(pub)
                 self._announce(pub.version)
             except SyncRefused as exc:
@@ -109,6 +109,14 @@ class Supervisor:
         self.log(f"serve: ready in {ready:.1f} s at {self.endpoint.openai_url} serving {self.endpoint.version} "
                  f"(kernels {_paths(self.kernels)})")
         return self.endpoint
+
+    def _load_adapter_at_start(self, pub: Published) -> None:
+        """The newest adapter into a (re)started LoRA server; a load that fails is that step refused,
+        not the serve job ended (the base keeps serving under `rejected:step-N`)."""
+        try:
+            self.server.load_adapter(str(pub.path), UNVERIFIED + pub.version)
+        except Exception as exc:
+            raise SyncRefused(f"loading the adapter failed ({type(exc).__name__}: {exc})") from None
 
     def _launch(self, model: str, port: int) -> None:
         self.server = VLLMServer(self.cfg, model, self.run / "logs" / "vllm-server.log", port=port,
