@@ -82,7 +82,7 @@ def config(config: CampaignConfig | PathLike | None = None, kind: str = "eval", 
            **fields: Any) -> CampaignConfig:
     """A campaign config: the command's defaults < a YAML file (or a config object) < `fields` <
     `overrides` ("key=value", as on the command line). A misspelt field is one line naming it."""
-    from tbhpc.cli_campaign import KIND_DEFAULTS
+    from tbhpc.campaign.config import KIND_DEFAULTS
     from tbhpc.config import load_config
     if isinstance(config, CampaignConfig):
         return load_config(CampaignConfig, None, list(overrides), base=dataclasses.asdict(config), updates=fields)

@@ -11,12 +11,6 @@ from tbhpc.store.run_dir import RunDir
 # Building the parser imports nothing heavy: every `tbhpc` command builds all of them, so each
 # command imports what it runs (the campaign runner, DuckDB, rich) when it runs.
 
-KIND_DEFAULTS = {
-    "probe": {"name": "probe", "kind": "probe", "split": "train", "repeats": 8},
-    "eval": {"name": "eval", "kind": "eval", "split": "eval", "repeats": 1},
-}
-
-
 def add_parsers(sub) -> None:
     for kind in ("probe", "eval"):
         p = sub.add_parser(kind, help=f"run (or resume) a {kind} campaign into a run directory")
@@ -54,7 +48,7 @@ def check_kind(cfg, command: str) -> None:
 def run(args) -> int:
     from rich.console import Console
 
-    from tbhpc.campaign.config import CampaignConfig, read_task_ids
+    from tbhpc.campaign.config import KIND_DEFAULTS, CampaignConfig, read_task_ids
     from tbhpc.config import load_config
     console = Console(stderr=True)
     if args.cmd in ("probe", "eval"):

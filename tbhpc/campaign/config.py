@@ -21,6 +21,11 @@ from tbhpc.tb.dataset import TBDataset, is_tb_source
 
 EXECUTION_FIELDS = ("workers", "chunk_size", "concurrency", "slurm", "transcripts", "openenv")
 KINDS = ("probe", "eval")
+# what `tbhpc probe` / `tbhpc eval` (and api.config) start from before a config file and overrides
+KIND_DEFAULTS = {
+    "probe": {"name": "probe", "kind": "probe", "split": "train", "repeats": 8},
+    "eval": {"name": "eval", "kind": "eval", "split": "eval", "repeats": 1},
+}
 
 
 @dataclass

@@ -211,6 +211,21 @@ def after_system(e: Episode, tok, window: int) -> Episode:
     return Episode(e.tokens[s:end], e.loss_mask[s:end], e.logprobs[s:end], group=e.group, reward=e.reward, task_id=e.task_id)
 
 
-def _progress(total: int, desc: str):
-    from tqdm import tqdm
-    return tqdm(total=total, desc=desc, unit="step", mininterval=2.0)
+class _progress:
+    """A rich progress bar (the project's one progress library) with the calls the loop makes."""
+
+    def __init__(self, total: int, desc: str):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                             TextColumn("{task.fields[loss]}"), TimeRemainingColumn(), refresh_per_second=0.5)
+        self._task = self._bar.add_task(desc, total=total, loss="")
+        self._bar.start()
+
+    def update(self, n: int) -> None:
+        self._bar.advance(self._task, n)
+
+    def set_postfix(self, loss: str) -> None:
+        self._bar.update(self._task, loss=f"loss {loss}")
+
+    def close(self) -> None:
+        self._bar.stop()
