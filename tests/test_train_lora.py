@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import run_ranks
+from helpers import run_ranks, train_rows
 
 pytest.importorskip("peft")
 pytestmark = pytest.mark.slow
@@ -137,15 +137,6 @@ def _train(run: Path, warm_dir, pool: Path, steps: int):
     return p
 
 
-def _rows(run: Path) -> list[tuple]:
-    import duckdb
-    con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
-    try:
-        return con.execute("SELECT train_step, task_id, attempt_index, reward FROM attempts ORDER BY 1, 2, 3").fetchall()
-    finally:
-        con.close()
-
-
 @pytest.fixture(scope="module")
 def lora_run(warm_dir, tmp_path_factory):
     """Two steps of `tbhpc train` with lora_rank 4 on q and v, the in-process generator."""
@@ -165,7 +156,7 @@ def test_a_stopped_lora_run_resumes_to_the_adapters_of_an_uninterrupted_one(lora
     _train(run, warm_dir, pool, 1)
     p = _train(run, warm_dir, pool, 2)
     assert "resumed from the DeepSpeed checkpoint of step 1" in p.stdout + p.stderr
-    assert _rows(run) == _rows(ref)
+    assert train_rows(run) == train_rows(ref)
     a, b = read_adapter(ref / "exports" / "step-000002"), read_adapter(run / "exports" / "step-000002")
     assert a.keys() == b.keys() and all(torch.allclose(a[n], b[n], atol=1e-7) for n in a)
 

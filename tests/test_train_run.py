@@ -19,7 +19,7 @@ import duckdb
 import numpy as np
 import pytest
 
-from helpers import checkpoint_weights
+from helpers import checkpoint_weights, train_rows
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -168,7 +168,7 @@ def test_preempted_slurm_run_requeues_and_reaches_the_same_weights(uninterrupted
     assert "stopped during the rollouts of step 2" in log or "stopped after step 1" in log, (timeline, log[-3000:])
     assert (run / "exports" / "step-000002").exists(), log[-3000:]
     # the same groups with the same rewards as the uninterrupted 1-rank run
-    assert _rows(run) == _rows(ref)
+    assert train_rows(run) == train_rows(ref)
     a, b = _weights(ref / "exports" / "step-000002"), _weights(run / "exports" / "step-000002")
     w0 = _weights(Path(warm_dir))
     moved = max(np.abs(a[k] - w0[k]).max() for k in a)
@@ -208,11 +208,3 @@ def _slurm_log(run: Path) -> str:
 
 def _state(job: str) -> str:
     return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip()
-
-
-def _rows(run: Path) -> list[tuple]:
-    con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
-    try:
-        return con.execute("SELECT train_step, task_id, attempt_index, reward FROM attempts ORDER BY 1, 2, 3").fetchall()
-    finally:
-        con.close()

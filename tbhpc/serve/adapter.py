@@ -15,8 +15,6 @@ projection): it adds exact zeros, so its outputs are the base model's.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -53,18 +51,15 @@ def write_adapter(dest: Path | str, tensors: dict[str, Any], rank: int, targets:
     `tensors` ({"model.layers.0.self_attn.q_proj.lora_A.weight": tensor, ...}, B already scaled)
     under PEFT's names."""
     from safetensors.torch import save_file
+
+    from tbhpc.serve.checkpoints import whole_dir
     dest = Path(dest)
-    tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file({PEFT_PREFIX + n: t.contiguous() for n, t in tensors.items()}, str(tmp / WEIGHTS_FILE),
-              metadata={"format": "pt"})
-    (tmp / CONFIG_FILE).write_text(json.dumps(peft_config(rank, targets, base_model), indent=1) + "\n")
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
+    with whole_dir(dest) as tmp:
+        save_file({PEFT_PREFIX + n: t.contiguous() for n, t in tensors.items()}, str(tmp / WEIGHTS_FILE),
+                  metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(json.dumps(peft_config(rank, targets, base_model), indent=1) + "\n")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
     return dest
 
 

@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,21 +86,28 @@ def _dtype_name(model: Any, state_dict: dict | None) -> str:
     return str(getattr(first, "dtype", None) or getattr(model, "dtype", "float32")).removeprefix("torch.")
 
 
+@contextmanager
+def whole_dir(dest: Path):
+    """Write a directory whole or not at all: the body fills the yielded temporary directory beside
+    `dest`, which then replaces `dest` (a reader sees the old one, the new one, or none)."""
+    tmp = dest.with_name(f".tmp-{dest.name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    yield tmp
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+
+
 def write_checkpoint(run_dir: Path | str, step: int, model: Any, tokenizer: Any = None,
                      state_dict: dict | None = None) -> Path:
     """Step 1 alone: `RUN/checkpoints/step-N/` written whole or not at all. `state_dict` replaces
     the model's own tensors (a trainer whose parameters are sharded passes the gathered ones)."""
-    root = Path(run_dir) / CKPT_DIR
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / version_name(step)
-    tmp = root / f".tmp-{final.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": state_dict} if state_dict is not None else {}))
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    final = Path(run_dir) / CKPT_DIR / version_name(step)
+    with whole_dir(final) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True, **({"state_dict": state_dict} if state_dict is not None else {}))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
     return final
 
 
