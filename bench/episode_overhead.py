@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tbhpc.domains import get_domain
-from tbhpc.env import grade as grade_mod
+from tbhpc.env import golden
 from tbhpc.env.episode import run_episode
 from tbhpc.env.judge import KeywordJudge
 from tbhpc.env.users import ScriptedUser
@@ -51,7 +51,7 @@ def time_episodes(tasks, rounds: int, cold: bool) -> list[float]:
     for _ in range(rounds):
         for t in tasks:
             if cold:
-                grade_mod._GOLDEN_CACHE.clear()
+                golden._GOLDEN_CACHE.clear()
             start = time.perf_counter()
             r = run_episode(t, get_domain(t.domain), oracle, user, judge)
             times.append(time.perf_counter() - start)

@@ -172,7 +172,7 @@ def results(run: PathLike, table: str = "attempts"):
 def show(run: PathLike, task_id: str, attempt: int | None = None, policy: str | None = None, system: bool = False) -> str:
     """One attempt's conversation and grade as `tbhpc show` prints it."""
     from tbhpc.report.transcript import render_attempt
-    from tbhpc.store.transcripts import read_attempt
+    from tbhpc.store.attempts import read_attempt
     rd = RunDir(Path(run)).require()
     if not rd.db.exists():
         raise UserError(f"{rd.path}: no results.duckdb yet (run `tbhpc merge {rd.path}`)")

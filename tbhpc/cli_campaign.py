@@ -84,7 +84,7 @@ def run(args) -> int:
         print(render_status(run_status(run_dir)), end="")
         return 0
     if args.cmd == "merge" and args.rebuild:
-        from tbhpc.store.health import rebuild
+        from tbhpc.store.merge import rebuild
         aside, rep = rebuild(run_dir)
         steps = ""
         if run_dir.campaign().get("kind") == "train":

@@ -144,7 +144,7 @@ def run(args) -> int:
 def _show(args) -> int:
     import json
     from tbhpc.report.transcript import render_attempt
-    from tbhpc.store.transcripts import read_attempt
+    from tbhpc.store.attempts import read_attempt
     run = RunDir(args.run).require()
     if not run.db.exists():
         raise UserError(f"{args.run}: no results.duckdb yet (run `tbhpc merge {args.run}`)")

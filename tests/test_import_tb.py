@@ -194,7 +194,7 @@ def reference_conversation(query: str, answer: str) -> list[dict]:
 def test_reference_conversations_become_transcripts_shown_by_show(tmp_path, usage, reader, first_has_messages):
     import duckdb
 
-    from tbhpc.store.transcripts import read_attempt
+    from tbhpc.store.attempts import read_attempt
     tools = [{"name": "get_order", "description": "Look an order up", "input_schema": {"type": "object"}}]
     judged = {"judge_motivation": [{"question": "Did it confirm the refund?", "answer": False, "motivation": "no"}]}
     rows = [{"uid": "r.py:t1", "messages": reference_conversation("Refund O-1", "Done <DONE>"), "tools": tools,
@@ -243,7 +243,7 @@ def test_reference_conversations_become_transcripts_shown_by_show(tmp_path, usag
 
 
 def test_a_lone_surrogate_in_a_conversation_does_not_stop_the_import(tmp_path):
-    from tbhpc.store.transcripts import read_attempt
+    from tbhpc.store.attempts import read_attempt
     row = {"uid": "r.py:t", "test_result": {"result": True}, "usage": [{"input_tokens": 1}],
            "messages": [{"T": "Text", "role": "user", "content": "odd \ud800 text é", "metadata": {}}]}
     f = tmp_path / "r.jsonl"

@@ -89,7 +89,8 @@ def test_a_row_longer_than_a_shard_line_keeps_all_but_its_messages(tmp_path, mon
     import json
 
     import tbhpc.store.shards as shards
-    from tbhpc.store.transcripts import compact, read_attempt
+    from tbhpc.store.attempts import read_attempt
+    from tbhpc.store.transcripts import compact
     monkeypatch.setattr(shards, "MAX_SHARD_LINE", 4096)
     run = _run(tmp_path)
     long = compact([{"role": "system", "content": "s"}, {"role": "user", "content": "x" * 5000}], [], "done",

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from tbhpc.domains import DOMAIN_NAMES, catalogs, get_domain
 from tbhpc.domains.pack import DEFAULT_SEED, write_pack
-from tbhpc.env.grade import golden_state, initial_state
+from tbhpc.env.golden import golden_state, initial_state
 from tbhpc.env.state import state_hash
 from tbhpc.tasks.loader import default_pack_dir, load_exclusions, validate_tasks
 

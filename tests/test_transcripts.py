@@ -9,7 +9,9 @@ import pytest
 from tbhpc.campaign.config import CampaignConfig
 from tbhpc.campaign.runner import run_campaign
 from tbhpc.errors import UserError
-from tbhpc.store.transcripts import compact, expand, put_blob, read_attempt
+from tbhpc.store.attempts import read_attempt
+from tbhpc.store.blobs import put_blob
+from tbhpc.store.transcripts import compact, expand
 
 EVERY_SHAPE = [
     {"role": "system", "content": "You are an agent.\n\nDomain rules: ünïcödé, quotes \" and \\ backslashes."},

@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from tbhpc.env.grade import golden_state, initial_state
+from tbhpc.env.golden import golden_state, initial_state
 from tbhpc.env.state import state_hash
 
 FIXED = 0.95        # share of a type's attempts doing one thing that counts as "always"

@@ -12,7 +12,7 @@ import yaml
 
 from tbhpc.domains import DOMAIN_NAMES, get_domain
 from tbhpc.domains.gen import generate
-from tbhpc.env.grade import initial_state
+from tbhpc.env.golden import initial_state
 from tbhpc.env.state import canonical_state, state_hash
 from tbhpc.tasks.schema import Task
 

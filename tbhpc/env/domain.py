@@ -15,6 +15,7 @@ import yaml
 
 from tbhpc.env.common_tools import TICKET_TABLES, manual, manual_index_setup, tickets
 from tbhpc.env.db import Backend, Table, build_template, open_copy
+from tbhpc.env.local import LocalSession
 from tbhpc.env.tools import Tool, ToolBox, ToolRegistry
 from tbhpc.tasks.loader import DomainCatalog, load_scenario
 from tbhpc.tasks.schema import Scenario, Task
@@ -93,5 +94,4 @@ class Domain:
         return self.scenario.max_agent_turns
 
     def open(self, task: Task, tool_timeout_s: float = 10.0):
-        from tbhpc.env.local import LocalSession
         return LocalSession(self, task, tool_timeout_s)

@@ -5,26 +5,18 @@ Reward 1 iff
      calls on a fresh copy of the same initial state (seed + data patch), and
   2. every `output_contains` string appears in the final message, and
   3. the judge answers yes to every `rubrics_yesno` item about the final message.
-Golden replay ignores business errors of individual calls (as the reference does); a backend
-failure during replay is a system error. The golden state of a task is deterministic, so it is
-cached per process by (domain, task id, patch+calls fingerprint).
+The golden state (1.) comes from `tbhpc.env.golden` for built-in domains, from the tool server
+for MCP ones; this module only compares.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 
-from tbhpc.env.domain import Domain
 from tbhpc.env.judge import Judge, KeywordJudge
 from tbhpc.env.session import StateCheck
-from tbhpc.env.state import State, canonical_state, state_hash
 from tbhpc.llm_client import Usage
 from tbhpc.tasks.schema import Task
-
-_GOLDEN_CACHE: dict[tuple[str, str, str], tuple[State, str]] = {}
-
 
 @dataclass
 class Grade:
@@ -48,37 +40,6 @@ def contains_phrase(text: str, phrase: str) -> bool:
         return True
     pattern = r"(?<![\w.])" + r"\s+".join(words) + r"(?![\w]|\.\d)"
     return re.search(pattern, text.lower()) is not None
-
-
-def task_fingerprint(task: Task) -> str:
-    payload = json.dumps([task.data_patch, [c.to_dict() for c in task.golden_calls]], sort_keys=True, default=str)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def golden_state(domain: Domain, task: Task) -> tuple[State, str]:
-    key = (domain.name, task.id, task_fingerprint(task))
-    hit = _GOLDEN_CACHE.get(key)
-    if hit is not None:
-        return hit
-    backend = domain.backend(task)
-    box = domain.toolbox(backend)
-    for call in task.golden_calls:
-        box.call(call.tool, dict(call.parameters))  # business errors ignored; infra errors raise
-    state = canonical_state(backend)
-    backend.conn.close()
-    result = (state, state_hash(state))
-    if len(_GOLDEN_CACHE) > 50_000:
-        _GOLDEN_CACHE.clear()
-    _GOLDEN_CACHE[key] = result
-    return result
-
-
-def initial_state(domain: Domain, task: Task) -> State:
-    backend = domain.backend(task)
-    try:
-        return canonical_state(backend)
-    finally:
-        backend.conn.close()
 
 
 def grade(task: Task, check: StateCheck, final_message: str, judge: Judge | None,

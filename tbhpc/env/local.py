@@ -6,14 +6,16 @@ final state, so both read the hash and diff from `tbhpc.env.state`.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tbhpc.env.domain import Domain
-from tbhpc.env.grade import golden_state
+from tbhpc.env.golden import golden_state
 from tbhpc.env.session import StateCheck
 from tbhpc.env.state import canonical_state, diff_states, state_hash
 from tbhpc.env.tools import ToolResult
 from tbhpc.tasks.schema import Task
+
+if TYPE_CHECKING:   # the domain is handed in (Domain.open); importing it here would make a circle
+    from tbhpc.env.domain import Domain
 
 
 class LocalSession:

@@ -21,7 +21,7 @@ import json
 from typing import Any
 
 from tbhpc.env.domain import Domain
-from tbhpc.env.grade import golden_state
+from tbhpc.env.golden import golden_state
 from tbhpc.env.state import canonical_state, diff_states, state_hash
 from tbhpc.errors import TbhpcError
 from tbhpc.tasks.schema import GoldenCall, Task

@@ -6,12 +6,11 @@ under `shards/`), and the merge folds them in. A damaged file used to end in a D
 `tbhpc sql` took it for a file being written and waited. Here every results file a command opens
 goes through `open_results`, so an error DuckDB raises later can be traced back to the damaged
 file (`damage_error` re-reads each opened file to find it); `check_every_block` reads every
-block that holds data (what `tbhpc validate` runs); `rebuild` moves the damaged file aside and
-merges every shard again.
+block that holds data (what `tbhpc validate` runs). Getting a damaged file back is the merge's
+job (`merge.rebuild`).
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import duckdb
@@ -132,19 +131,3 @@ def find_damaged(candidates: list[Path], exc: BaseException) -> DamagedResults:
     where = f" (one of: {', '.join(map(str, candidates))})" if candidates else ""
     return DamagedResults(f"a results file is damaged ({_short(exc)}){where}; rebuild it with "
                           f"`tbhpc merge RUN --rebuild`")
-
-
-def rebuild(run) -> tuple[Path | None, object]:
-    """Move RUN/results.duckdb aside (kept, as results.duckdb.damaged-TIME) and merge every shard
-    into a new one (a training run's steps come back from its log: tbhpc.train.record.restore_steps).
-    Returns (where the old file went, the merge report)."""
-    from tbhpc.store.merge import merge
-    aside = None
-    with run.lock():
-        if run.db.exists():
-            aside = run.db.with_name(f"{run.db.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
-            run.db.rename(aside)
-            wal = run.db.with_name(run.db.name + ".wal")
-            if wal.exists():
-                wal.rename(aside.with_name(aside.name + ".wal"))
-    return aside, merge(run)

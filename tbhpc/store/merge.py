@@ -8,6 +8,7 @@
   ones. A corrupt or truncated shard is moved to `shards/quarantine/`, recorded with its error,
   and reported in one line naming it; the other shards still merge, and the quarantined shard's
   keys count as missing (a re-run executes them again).
+- A damaged results file is moved aside and every shard merged again (`rebuild`).
 - One row per attempt key: an `ok` result is never replaced by a later system error; otherwise
   the newest result wins. Re-merging changes nothing.
 """
@@ -17,13 +18,14 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
 
 from tbhpc.errors import InfraError
-from tbhpc.store.health import open_results
+from tbhpc.store.health import check_every_block, open_results
 from tbhpc.store.run_dir import RunDir
 from tbhpc.store.schema import ATTEMPT_COLUMNS, DDL, KEY, SHARD_COLUMNS
 from tbhpc.store.shards import MAX_SHARD_LINE, list_shards
@@ -93,7 +95,6 @@ def merge(run: RunDir, verify: bool = False) -> MergeReport:
     report = MergeReport()
     with run.lock():
         if verify and run.db.exists():
-            from tbhpc.store.health import check_every_block
             con = connect(run, read_only=True)
             try:
                 check_every_block(con, run.db)
@@ -269,3 +270,18 @@ def insert_campaign(con, camp: dict) -> None:
     values = [camp["campaign"], camp.get("kind"), camp.get("policy_id"), camp.get("config_hash"),
               json.dumps(camp.get("config", {})), camp.get("created_at"), camp.get("source", "tbhpc")]
     con.execute(f"INSERT INTO campaigns VALUES ({', '.join(literal(v) for v in values)})")
+
+
+def rebuild(run) -> tuple[Path | None, object]:
+    """Move RUN/results.duckdb aside (kept, as results.duckdb.damaged-TIME) and merge every shard
+    into a new one (a training run's steps come back from its log: tbhpc.train.record.restore_steps).
+    Returns (where the old file went, the merge report)."""
+    aside = None
+    with run.lock():
+        if run.db.exists():
+            aside = run.db.with_name(f"{run.db.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+            run.db.rename(aside)
+            wal = run.db.with_name(run.db.name + ".wal")
+            if wal.exists():
+                wal.rename(aside.with_name(aside.name + ".wal"))
+    return aside, merge(run)

@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tbhpc.store.transcripts import blob_ref
+from tbhpc.store.blobs import blob_ref
 
 FORMAT = "thinkingbox"
 
