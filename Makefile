@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: browser env env-demo env-vllm env-openenv model-smollm2 test demo bench clean tasks slurm-up slurm-down train warmstart warmstart-demo warmstart-plateau
+.PHONY: browser env env-demo env-vllm env-openenv model-smollm2 test demo bench clean tasks graph slurm-up slurm-down train warmstart warmstart-demo warmstart-plateau
 
 NODES   ?= 3
 WARM    := build/models/tiny-warm
@@ -140,6 +140,10 @@ train: env env-vllm $(WARM)/config.json
 # Regenerate the bundled task pack (deterministic: same seed, same bytes).
 tasks: env
 	$(VENV)/bin/tbhpc tasks generate --out tbhpc/data/packs/default
+
+# The import graph of tbhpc/ (docs/architecture.md): counts on stdout, the picture in docs/
+graph: env
+	$(VENV)/bin/python docs/import_graph.py --png docs/import-graph.png --title "tbhpc imports"
 
 # A real local Slurm cluster (Debian packages, no systemd): make slurm-up NODES=3; . $(SLURM_STATE)/env.sh
 slurm-up:

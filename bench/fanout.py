@@ -22,7 +22,7 @@ from rich.table import Table
 
 from tbhpc.campaign.runner import run_campaign
 from tbhpc.campaign.config import CampaignConfig
-from tbhpc.launch.options import SlurmOptions
+from tbhpc.slurm_options import SlurmOptions
 from tbhpc.launch.slurm import MPIExecutor, SlurmClient, SlurmExecutor
 
 

@@ -29,7 +29,8 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from tbhpc.campaign.config import CampaignConfig, select_tasks
+from tbhpc.campaign.config import CampaignConfig
+from tbhpc.tasks.select import select_tasks
 from tbhpc.campaign.runner import run_campaign
 from tbhpc.demo.pipeline import eval_ids_file, evenly_spaced
 from tbhpc.metrics.agg import load_counts
@@ -74,7 +75,7 @@ def main() -> int:
 
     sample = out / "sample.txt"
     if not sample.exists():
-        ids = [t.id for t in select_tasks(CampaignConfig(split="train"))]
+        ids = [t.id for t in select_tasks(split="train")]
         sample.write_text("".join(i + "\n" for i in evenly_spaced(ids, args.sample)))
     console.rule(f"1. probe {args.sample} train tasks x 8 with {args.model}")
     run_campaign(campaign("probe", "probe", sample, 8, args.model, args.seed), out / "probe", console=console)
@@ -108,8 +109,8 @@ def main() -> int:
 
     held = out / "held-out.txt"
     if not held.exists():
-        templates = {t.template for t in select_tasks(CampaignConfig(split="train", tasks=str(pool)))}
-        held.write_text("".join(t.id + "\n" for t in select_tasks(CampaignConfig(split="eval")) if t.template in templates))
+        templates = {t.template for t in select_tasks(ids=pool)}
+        held.write_text("".join(t.id + "\n" for t in select_tasks(split="eval") if t.template in templates))
     console.rule(f"4. held-out instances of the pool's templates (eval split) x {args.repeats}")
     for name, model in (("held-warm", args.model), ("held-trained", str(export))):
         run_campaign(campaign(name, "eval", held, args.repeats, model, seed, "eval"), out / name, console=console)

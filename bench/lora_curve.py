@@ -33,10 +33,10 @@ RUNS = {"full": {"lr": 1e-4}, "lora": {"lr": 1e-3, "lora_rank": 8, "lora_alpha":
 
 def main() -> int:
     from grpo_fits_pool import GEN, campaign, counts, pick
-    from tbhpc.campaign.config import CampaignConfig, select_tasks
     from tbhpc.campaign.runner import run_campaign
     from tbhpc.demo.pipeline import eval_ids_file, evenly_spaced
     from tbhpc.metrics.stats import jeffreys_interval
+    from tbhpc.tasks.select import select_tasks
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("runs/lora-curve"))
@@ -50,7 +50,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     sample, pool = out / "sample.txt", out / "pool.txt"
     if not sample.exists():
-        ids = [t.id for t in select_tasks(CampaignConfig(split="train"))]
+        ids = [t.id for t in select_tasks(split="train")]
         sample.write_text("".join(i + "\n" for i in evenly_spaced(ids, 64)))
     console.rule(f"1. probe 64 train tasks x 8 with {args.model} (grpo_fits_pool's)")
     run_campaign(campaign("probe", "probe", sample, 8, args.model, args.seed), out / "probe", console=console)

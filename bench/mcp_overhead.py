@@ -39,7 +39,7 @@ from tbhpc.mcp.client import ServerConnection, ServerSpec
 from tbhpc.policy.scripted import OraclePolicy
 from tbhpc.tasks.loader import load_pack
 from tbhpc.tb.dataset import TBDataset
-from tbhpc.tb.export import write_dataset
+from tbhpc.mcp.export import write_dataset
 
 REFERENCE = {"ready_s": 1.5, "rss_mib": 86.0, "call_ms": 2.5, "effects_ms": 20.0}
 

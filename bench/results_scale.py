@@ -74,7 +74,7 @@ def phase(name: str, run: str) -> dict:
         extra = {"rows": duckdb.sql(f"SELECT {', '.join(f'count({c})' for c in SHARD_COLUMNS)} FROM {src}").fetchone()[1]}
     elif name == "agg":
         t0 = time.perf_counter()
-        from tbhpc.metrics.agg import checked_counts
+        from tbhpc.campaign.validate import checked_counts
         from tbhpc.metrics.agg import summarise
         imports = time.perf_counter() - t0
         t1 = time.perf_counter()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import ast
 import sys
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,15 +24,20 @@ LAYERS: list[tuple[str, list[str]]] = [
                     "llm_client", "slurm_options"]),
     ("tasks and records", ["tasks", "tb", "interpret", "store"]),
     ("environments", ["env", "domains", "mcp", "openenv"]),
-    ("analysis", ["metrics", "selection", "report", "plan"]),
+    ("analysis", ["metrics", "selection", "plan"]),
     ("policies and serving", ["policy", "agents", "serve", "rollout"]),
-    ("workloads", ["campaign", "train"]),
+    ("workloads and reports", ["campaign", "train", "report"]),
     ("launch", ["launch"]),
     ("entry points", ["api", "demo", "doctor", "cli"]),
 ]
 
 # Arrows up that stay, each with the reason a reader needs. (importer, imported) as module names.
-ALLOWED_UP: dict[tuple[str, str], str] = {}
+ALLOWED_UP: dict[tuple[str, str], str] = {
+    ("tbhpc.tasks.checked", "tbhpc.domains"):
+        "a pack is checked against the tool catalogues of the built-in domains its tasks name, and those "
+        "catalogues are the domains' Python tool definitions; imported when a check runs, so reading a pack "
+        "loads no backend",
+}
 
 
 @dataclass

@@ -42,10 +42,7 @@ def load_config(cls: type[T], path: Path | str | None = None, overrides: list[st
         values[key] = value
         origin[key] = f"argument {key}={value!r}"
     for item in overrides or []:
-        if "=" not in item:
-            raise UserError(f"override {item!r}: expected key=value")
-        key, raw = item.split("=", 1)
-        key, value = key.strip(), yaml_value(raw, f"override {item!r}")
+        key, value = key_value(item)
         if "." in key:       # section.field=value: one field of a nested section (train.lr=1e-4)
             section, sub = key.split(".", 1)
             nested = values.get(section)
@@ -55,6 +52,15 @@ def load_config(cls: type[T], path: Path | str | None = None, overrides: list[st
             values[key] = value
         origin[key] = f"override {item!r}"
     return from_dict(cls, values, origin)
+
+
+def key_value(item: str, flag: str = "override") -> tuple[str, Any]:
+    """One `key=value` of the command line: the key, and the value as YAML reads it. Every
+    override and `--opt` goes through here, so each mistake reads the same one line."""
+    if "=" not in item:
+        raise UserError(f"{flag} {item!r}: expected key=value")
+    key, raw = item.split("=", 1)
+    return key.strip(), yaml_value(raw, f"{flag} {item!r}")
 
 
 def yaml_value(raw: str, where: str) -> Any:

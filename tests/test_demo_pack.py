@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tbhpc.domains import DEMO_DOMAIN_NAMES, catalogs, get_domain
-from tbhpc.domains.demo.pack import DEMO_SEED, TRAIN_PER_TEMPLATE, constant_ceilings, demo_instances, fingerprint
+from tbhpc.demo.pack_checks import constant_ceilings
+from tbhpc.domains.demo.pack import DEMO_SEED, TRAIN_PER_TEMPLATE, demo_instances, fingerprint
 from tbhpc.tasks.loader import default_pack_dir, load_exclusions, load_pack, validate_tasks
 
 REPO = Path(__file__).resolve().parents[1]

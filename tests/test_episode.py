@@ -9,7 +9,7 @@ from tbhpc.env.episode import EpisodeConfig, run_episode
 from tbhpc.env.judge import KeywordJudge, LLMJudge, parse_yes
 from tbhpc.env.users import LLMUser, ScriptedUser, parse_facts
 from tbhpc.llm_client import ChatEndpoint
-from tbhpc.policy.base import Completion
+from tbhpc.env.agent import Completion
 from tbhpc.policy.openai import OpenAIPolicy
 from tbhpc.policy.scripted import OraclePolicy
 

@@ -108,10 +108,10 @@ def world(tmp_path_factory):
     (w / "notes.txt").write_text("a user's file\n")
     (w / "folder").mkdir()
     (w / "folder" / "README.md").write_text("a user's folder\n")
-    shutil.copy(Path(cli.__file__).parent / "data" / "packs" / "default" / "retail.yaml", w / "mypack.yaml")
+    shutil.copy(Path(cli.__file__).parent.parent / "data" / "packs" / "default" / "retail.yaml", w / "mypack.yaml")
     for how in ("tool", "type", "domain"):
         _bad_pack(w, how)
-    repo = Path(cli.__file__).resolve().parent.parent
+    repo = Path(cli.__file__).resolve().parent.parent.parent
     shutil.copy(repo / "jobs" / "train-reference.yaml", w / "ref.yaml")
     shutil.copytree(repo / "jobs" / "models" / "qwen3-27b-class", w / "m27")
     (w / "moe").mkdir()

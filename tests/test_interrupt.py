@@ -106,12 +106,13 @@ def test_sigint_at_ten_random_points_exits_cleanly_and_resumes_exactly(tmp_path)
 
 
 def test_an_unexpected_exception_is_one_line_and_a_traceback_file(tmp_path, monkeypatch, capsys):
-    from tbhpc import cli, cli_tasks
+    from tbhpc import cli
+    from tbhpc.cli import tasks as tasks_command
 
     def broken(args):
         raise ZeroDivisionError("division by zero in a bug")
 
-    monkeypatch.setattr(cli_tasks, "run", broken)
+    monkeypatch.setattr(tasks_command, "run", broken)
     monkeypatch.setenv("TBHPC_CRASH_DIR", str(tmp_path))
     monkeypatch.delenv("TBHPC_TRACEBACK", raising=False)
     assert cli.main(["tasks", "list"]) == 70

@@ -25,7 +25,7 @@ from tbhpc.errors import UserError
 from tbhpc.mcp.client import ServerConnection, ServerSpec
 from tbhpc.policy.scripted import OraclePolicy
 from tbhpc.tb.dataset import TBDataset
-from tbhpc.tb.export import write_dataset
+from tbhpc.mcp.export import write_dataset
 
 pytest.importorskip("mcp")
 

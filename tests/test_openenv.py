@@ -160,7 +160,7 @@ def test_a_thinkingbox_format_source_gives_the_same_verdicts_through_openenv(tmp
 
     from tbhpc.env.registry import Environments
     from tbhpc.tb.dataset import TBDataset
-    from tbhpc.tb.export import write_dataset
+    from tbhpc.mcp.export import write_dataset
     writes = lambda t: any(get_domain(t.domain).tools[c.tool].mutates for c in t.golden_calls)   # noqa: E731
     originals = [t for t in pack_tasks if t.split == "eval" and t.domain == "retail" and writes(t)][:3]
     root = write_dataset(originals, tmp_path / "tbdata")

@@ -183,7 +183,7 @@ def test_openenv_serve_refuses_in_one_line(args, message):
 
 
 def test_an_environment_that_ends_the_attempt_at_a_user_turn_gives_its_verdict(fake, pack_tasks):
-    from tbhpc.policy.base import Completion
+    from tbhpc.env.agent import Completion
 
     class Chatty:
         name = "chatty"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tbhpc.launch.options import SlurmOptions
+from tbhpc.slurm_options import SlurmOptions
 from tbhpc.launch.sbatch import Stage, render_mpi, render_step
 from tbhpc.launch.submit import dry_run_text, render_pipeline
 

@@ -8,7 +8,7 @@ import pytest
 
 from tbhpc.config import load_config
 from tbhpc.errors import UserError
-from tbhpc.launch.options import SlurmOptions
+from tbhpc.slurm_options import SlurmOptions
 from tbhpc.launch.sbatch import render_serve
 from tbhpc.serve.checkpoints import latest_ready, mark_ready, publish_checkpoint
 from tbhpc.serve.command import vllm_argv, vllm_env

@@ -17,7 +17,7 @@ import pytest
 from tbhpc.campaign.runner import run_campaign
 from tbhpc.campaign.config import CampaignConfig
 from tbhpc.campaign.validate import validate
-from tbhpc.launch.options import SlurmOptions
+from tbhpc.slurm_options import SlurmOptions
 from tbhpc.launch.slurm import SlurmClient, SlurmExecutor
 from tbhpc.store.run_dir import RunDir
 from tbhpc.store.shards import list_shards
@@ -55,7 +55,7 @@ def test_slurm_array_gives_the_same_rows_as_local(tmp_path):
 
 def test_a_thinkingbox_source_on_mcp_servers_runs_as_an_array_like_locally(tmp_path, pack_tasks):
     pytest.importorskip("mcp")
-    from tbhpc.tb.export import write_dataset
+    from tbhpc.mcp.export import write_dataset
     picked = [t for t in pack_tasks if t.split == "eval" and t.domain in ("travel", "insurance")][::9][:6]
     root = write_dataset(picked, tmp_path / "tbdata")
     cfg = CampaignConfig(name="tb", pack=f"tb:{root}", tasks=str(root / "testlist.yaml"),

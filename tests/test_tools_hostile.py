@@ -12,7 +12,7 @@ from tbhpc.env.state import canonical_state, state_hash
 from tbhpc.env.tools import ToolRegistry, P
 from tbhpc.env.users import ScriptedUser
 from tbhpc.errors import BackendError
-from tbhpc.policy.base import Completion
+from tbhpc.env.agent import Completion
 from tbhpc.policy.scripted import OraclePolicy
 
 TASK = "retail-change_of_mind_return-000"

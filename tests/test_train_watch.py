@@ -1,7 +1,6 @@
 """No rank waits for a dead or hung peer without bound (tbhpc/train/watch.py): the logic on one
 store with simulated peers, then for real on the local Slurm cluster: one rank of a 3-rank training
 job frozen with SIGSTOP ends the whole job within a bounded time, with one line naming it."""
-import json
 import os
 import shutil
 import signal

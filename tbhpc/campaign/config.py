@@ -13,10 +13,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-
+from tbhpc.config import load_config
 from tbhpc.errors import UserError
-from tbhpc.tasks.loader import load_pack, pack_files, read_id_list as read_task_ids, resolve_pack
+from tbhpc.tasks.loader import pack_files
 from tbhpc.tasks.schema import Task
+from tbhpc.tasks.select import pack_source, select_tasks
 from tbhpc.tb.dataset import TBDataset, is_tb_source
 
 EXECUTION_FIELDS = ("workers", "chunk_size", "concurrency", "slurm", "transcripts", "openenv")
@@ -90,7 +91,7 @@ class CampaignConfig:
         check_policy_options(self.policy, self.policy_opts, "campaign config: policy_opts")
         if self.slurm:  # checked now, not when an executor or `submit` first reads them
             from tbhpc.config import from_dict
-            from tbhpc.launch.options import SlurmOptions
+            from tbhpc.slurm_options import SlurmOptions
             from_dict(SlurmOptions, self.slurm, {k: "campaign config field 'slurm'" for k in self.slurm})
 
     @property
@@ -155,43 +156,29 @@ def identity_hash(cfg: CampaignConfig, pack_digest: str) -> str:
 
 
 def pack_path(cfg: CampaignConfig) -> Path | str:
-    if is_tb_source(cfg.pack):
-        return str(cfg.pack)
-    return resolve_pack(cfg.pack)
+    return pack_source(cfg.pack)
 
 
-def select_tasks(cfg: CampaignConfig, skipped: dict[str, str] | None = None) -> list[Task]:
+def load_campaign(source: "CampaignConfig | Path | str | None", kind: str, overrides: list[str] | tuple = (),
+                  updates: dict[str, Any] | None = None) -> CampaignConfig:
+    """The one way a campaign config is read (`tbhpc probe|eval|submit`, the API): the kind's
+    defaults (or a config object) < the YAML file < `updates` < `key=value` overrides. The command
+    sets the kind, so a file or override that says another kind is a mistake, said in one line."""
+    if kind not in KIND_DEFAULTS:
+        raise UserError(f"kind: expected probe or eval, got {kind!r}")
+    if isinstance(source, CampaignConfig):
+        cfg = load_config(CampaignConfig, None, list(overrides), base=asdict(source), updates=updates)
+    else:
+        cfg = load_config(CampaignConfig, source, list(overrides), base=KIND_DEFAULTS[kind], updates=updates)
+    if cfg.kind != kind:
+        raise UserError(f"{kind}: the campaign config says kind: {cfg.kind} (config file or override); "
+                        f"the command sets the kind: run `tbhpc {cfg.kind}`, or drop the field")
+    return cfg
+
+
+def campaign_tasks(cfg: CampaignConfig, skipped: dict[str, str] | None = None) -> list[Task]:
     """The campaign's tasks; `skipped` (if given) receives the ThinkingBox files left out, and why."""
-    if is_tb_source(cfg.pack):
-        dataset = TBDataset(cfg.pack)
-        tasks = dataset.tasks(read_task_ids(Path(cfg.tasks)) if cfg.tasks else None)
-        if skipped is not None:
-            skipped.update(dataset.skipped)
-    else:
-        tasks = _pack_tasks(cfg)
-    if cfg.domains:
-        tasks = [t for t in tasks if t.domain in set(cfg.domains)]
-    if cfg.limit is not None:
-        tasks = tasks[: cfg.limit]
-    if not tasks:
-        raise UserError("campaign config selects no tasks (check split, tasks, domains, limit)")
-    return tasks
-
-
-def _pack_tasks(cfg: CampaignConfig) -> list[Task]:
-    from tbhpc.tasks.checked import check_pack
-    tasks = load_pack(pack_path(cfg))
-    check_pack(pack_path(cfg), tasks)      # a broken task must not be scored (tbhpc/tasks/checked.py)
-    if cfg.tasks:
-        by_id = {t.id: t for t in tasks}
-        ids = read_task_ids(Path(cfg.tasks))
-        missing = [i for i in ids if i not in by_id]
-        if missing:
-            raise UserError(f"{cfg.tasks}: task id {missing[0]!r} is not in pack {pack_path(cfg)} ({len(missing)} unknown)")
-        tasks = [by_id[i] for i in dict.fromkeys(ids)]
-    else:
-        tasks = [t for t in tasks if cfg.split == "all" or t.split == cfg.split]
-    return tasks
+    return select_tasks(cfg.pack, cfg.tasks, cfg.split, cfg.domains, cfg.limit, skipped)
 
 
 def plan_rows(tasks: list[Task], repeats: int) -> list[dict]:

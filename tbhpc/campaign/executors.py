@@ -87,16 +87,3 @@ def _init(run_path: str) -> None:
 def _run_chunk(keys: list[Key]) -> tuple[int, int]:
     assert _WORKER is not None
     return _WORKER.run_chunk(keys)
-
-
-def make_executor(name: str, workers: int, slurm: dict | None = None) -> Executor:
-    if name == "local":
-        return LocalExecutor(workers)
-    if name in ("slurm", "mpi"):
-        from tbhpc.config import from_dict
-        from tbhpc.launch.options import SlurmOptions
-        from tbhpc.launch.slurm import MPIExecutor, SlurmExecutor
-        opts = from_dict(SlurmOptions, slurm or {}, {k: "config field 'slurm'" for k in slurm or {}})
-        return (SlurmExecutor if name == "slurm" else MPIExecutor)(opts)
-    from tbhpc.errors import UserError
-    raise UserError(f"--executor: unknown executor {name!r} (choose local, slurm or mpi)")

@@ -18,7 +18,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgress
                            TimeElapsedColumn, TimeRemainingColumn)
 
 from tbhpc.agents import check_judge
-from tbhpc.campaign.config import CampaignConfig, auto_workers, identity_hash, pack_hash, pack_path, plan_rows, select_tasks
+from tbhpc.campaign.config import CampaignConfig, auto_workers, campaign_tasks, identity_hash, pack_hash, pack_path, plan_rows
 from tbhpc.campaign.executors import Executor, LocalExecutor
 from tbhpc.config import resolved
 from tbhpc.env.registry import preflight
@@ -47,7 +47,7 @@ def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict], list]:
     from tbhpc.policy import check_policy_ready
     check_policy_ready(cfg.policy, cfg.policy_opts)
     skipped: dict[str, str] = {}
-    tasks = select_tasks(cfg, skipped)
+    tasks = campaign_tasks(cfg, skipped)
     for file, why in skipped.items():
         print(f"tbhpc: skipped {file}: {why}", file=sys.stderr)
     check_judge(tasks, cfg.judge, cfg.rubrics)

@@ -3,6 +3,8 @@ and a results file whose every block reads back (its checksums are verified as D
 
 By default a run is checked against its own plan; `--tasks` / `--repeats` check it against an
 external list instead (as the reference evaluation does against its release test list).
+`checked_counts` is what `agg`, `report` and the API count from: nothing of an incomplete run
+is reported as a result unless the user says so.
 """
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ import json
 import os
 import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from tbhpc.errors import UserError
+from tbhpc.metrics.agg import Counts, load_counts
 from tbhpc.store.health import check_every_block
 from tbhpc.store.merge import connect
 from tbhpc.store.run_dir import RunDir
@@ -92,3 +97,13 @@ def validate(run: RunDir, task_ids: list[str] | None = None, repeats: int | None
         con.close()
         if external:
             os.unlink(external)
+
+
+def checked_counts(path: Path | str, allow_incomplete: bool = False) -> Counts:
+    """The run's per-task counts, refused in one line while the campaign is incomplete (unless allowed)."""
+    run = RunDir(path).require()
+    val = validate(run)
+    if not val.ok and not allow_incomplete:
+        raise UserError(f"{path}: campaign is incomplete ({val.reason()}); re-run the campaign to finish it, "
+                        "or pass --allow-incomplete")
+    return load_counts(run)

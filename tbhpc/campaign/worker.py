@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tbhpc.agents import build_judge, build_user
-from tbhpc.campaign.config import CampaignConfig, select_tasks
+from tbhpc.campaign.config import CampaignConfig, campaign_tasks
 from tbhpc.config import load_config
 from tbhpc.env.episode import EpisodeResult, run_episode
 from tbhpc.env.registry import Environments
@@ -34,7 +34,7 @@ def run_tasks(run: RunDir, cfg: CampaignConfig) -> list:
     if run.tasks_file.exists():
         raw = json.loads(run.tasks_file.read_text(encoding="utf-8"))
         return [parse_task(r, str(run.tasks_file), i) for i, r in enumerate(raw)]
-    return select_tasks(cfg)
+    return campaign_tasks(cfg)
 
 
 def attempt_seed(seed: int, task_id: str, attempt_index: int) -> int:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from tbhpc.config import load_config
 from tbhpc.demo.config import DemoConfig
 
 
-def run(args) -> int:
-    cfg = load_config(DemoConfig, args.config, args.overrides)
+def run(cfg: DemoConfig) -> int:
     from pathlib import Path
 
     from tbhpc.outpaths import check_output_folder
@@ -29,10 +27,9 @@ def check_inputs(cfg: DemoConfig) -> None:
     default price table is optional (costs are left out without it); one the config names is not."""
     from pathlib import Path
 
-    from tbhpc.campaign.config import CampaignConfig, select_tasks
     from tbhpc.metrics.agg import load_prices
+    from tbhpc.tasks.select import select_tasks
     for split in ("train", "eval"):
-        select_tasks(CampaignConfig(pack=cfg.pack, split=split, tasks=cfg.tasks if split == "train" else None,
-                                    limit=cfg.limit))
+        select_tasks(cfg.pack, cfg.tasks if split == "train" else None, split, limit=cfg.limit)
     if cfg.prices and (Path(cfg.prices).exists() or cfg.prices != DemoConfig.prices):
         load_prices(cfg.prices)

@@ -97,7 +97,7 @@ def template_markdown(rates: dict[str, dict], k: int, names: dict[str, str] | No
     names = names or LABELS
     keys = list(rates)
     others = [key for key in keys if key != "trained"]
-    lines = [f"| task type | tasks | " + " | ".join(f"{names[key]} pass@1" for key in keys) + " | "
+    lines = ["| task type | tasks | " + " | ".join(f"{names[key]} pass@1" for key in keys) + " | "
              + " | ".join(f"GRPO - {names[key]}" for key in others) + f" | {k}/{k}: " + " / ".join(names[key] for key in keys)
              + " |", "|---" * (3 + len(keys) + len(others)) + "|"]
     first = rates[keys[0]]

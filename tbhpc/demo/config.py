@@ -14,8 +14,10 @@ check: a noisy oracle instead of a model, no training.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from tbhpc.config import load_config
 from tbhpc.errors import UserError
 
 MODELS = ("tiny", "smollm2")
@@ -95,3 +97,8 @@ class DemoConfig:
         if self.model == "tiny":
             return f"models/demo-pack-{'warm' if self.start == 'base' else 'plateau'}" if self.pack == "demo" else "models/demo-warm"
         return "build/models/smollm2-warm" + ("-demo-pack" if self.pack == "demo" else "")
+
+
+def load_demo_config(path: Path | str | None, overrides: list[str] | tuple = ()) -> DemoConfig:
+    """The one way the demo's config is read (`tbhpc demo`, `make demo`): the YAML file < `key=value`."""
+    return load_config(DemoConfig, path, list(overrides))

@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from tbhpc.campaign.config import CampaignConfig, select_tasks
+from tbhpc.campaign.config import CampaignConfig, campaign_tasks
 from tbhpc.campaign.runner import run_campaign
 from tbhpc.config import config_hash
 from tbhpc.demo.baseline import grpo_seconds, sft_baseline
@@ -29,6 +29,7 @@ from tbhpc.demo.config import DemoConfig
 from tbhpc.errors import UserError
 from tbhpc.selection.pool import SelectConfig, run_select
 from tbhpc.tasks.loader import resolve_pack
+from tbhpc.tasks.select import select_tasks
 
 # The demo's GRPO run: the recipe's shape (groups of 8, zero-variance replacement, token mean, no
 # KL) on a budget a 2-core machine finishes in ~17 minutes. lr 5e-5: at 2e-4 the demo model's
@@ -68,7 +69,7 @@ def sample_file(cfg: DemoConfig, split: str) -> Path:
     path = Path(cfg.out) / f"sample-{split}.txt"
     if not path.exists():
         pack = train_pack(cfg) if split == "train" else cfg.pack
-        ids = [t.id for t in select_tasks(CampaignConfig(pack=pack, split=split, limit=cfg.limit))]
+        ids = [t.id for t in select_tasks(pack, split=split, limit=cfg.limit)]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(i + "\n" for i in evenly_spaced(ids, cfg.sample)), encoding="utf-8")
     return path
@@ -186,8 +187,8 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
     if cfg.pack == "demo":
         from transformers import AutoTokenizer
 
-        from tbhpc.domains.demo.pack import oracle_episode_tokens
-        sample = select_tasks(CampaignConfig(pack=cfg.pack, split="train"))[::40]
+        from tbhpc.demo.pack_checks import oracle_episode_tokens
+        sample = select_tasks(cfg.pack, split="train")[::40]
         stats = oracle_episode_tokens(AutoTokenizer.from_pretrained(warm), sample)
         console.print(f"   demo pack: an oracle episode is {stats['median']:.0f} tokens (median of {stats['episodes']}; "
                       f"max {stats['max']:.0f}) with this model's tokenizer")
@@ -201,7 +202,7 @@ def run_demo(cfg: DemoConfig, console: Console) -> int:
         console.print(f"[bold]2. probe[/] the warm start (n = {cfg.probe_repeats}) on {cfg.candidates_per_template} candidate "
                       f"instances per template it never trained on ({candidates})")
     probe_cfg = campaign(cfg, "probe", "probe", "train", cfg.probe_repeats, warm)
-    held_out = [t.id for t in select_tasks(probe_cfg) if t.split != "train"]
+    held_out = [t.id for t in campaign_tasks(probe_cfg) if t.split != "train"]
     if held_out:
         raise UserError(f"demo: field 'tasks' ({cfg.tasks}) holds {len(held_out)} task(s) outside the train split, "
                         f"e.g. {held_out[0]!r}")

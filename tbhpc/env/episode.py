@@ -28,7 +28,7 @@ from tbhpc.env.users import UserSimulator
 from tbhpc.errors import InfraError
 from tbhpc.interpret import interpret
 from tbhpc.llm_client import Usage
-from tbhpc.policy.base import Policy
+from tbhpc.env.agent import Policy
 from tbhpc.tasks.schema import Task
 
 DONE_MARKER = "<DONE>"

@@ -6,12 +6,10 @@ command. Array tasks exec Python so that USR2/SIGTERM reach the worker directly.
 """
 from __future__ import annotations
 
-import re
 import shlex
 from dataclasses import dataclass
 
-from tbhpc.errors import UserError
-from tbhpc.launch.options import SlurmOptions
+from tbhpc.slurm_options import SlurmOptions
 
 
 @dataclass(frozen=True)
@@ -40,24 +38,6 @@ def common_header(opts: SlurmOptions, job_name: str, out: str, time: str | None 
         if value is not None:
             lines.append(f"--{flag}={value}")
     return lines + list(opts.extra_sbatch)
-
-
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def check_env(env, where: str) -> dict[str, str]:
-    """A job's extra environment (NCCL/InfiniBand settings and alike) as {NAME: value}; one line
-    naming the entry unless each name is a shell variable name and each value one line of text."""
-    if not isinstance(env, dict):
-        raise UserError(f"{where}: expected a mapping NAME: value, got {type(env).__name__}")
-    out = {}
-    for name, value in env.items():
-        if not isinstance(name, str) or not _ENV_NAME.match(name):
-            raise UserError(f"{where}: {name!r} is not an environment variable name")
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or any(c in str(value) for c in "\n\r\0"):
-            raise UserError(f"{where}: {name}: the value must be one line of text or a number, got {value!r}")
-        out[name] = str(value)
-    return out
 
 
 def env_lines(env: dict[str, str]) -> list[str]:

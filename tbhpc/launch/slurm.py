@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tbhpc.errors import InfraError
-from tbhpc.launch.options import SlurmOptions
+from tbhpc.slurm_options import SlurmOptions
 from tbhpc.launch.sbatch import Stage, render_array, render_mpi
 from tbhpc.launch.stages import Key, keys_written_by_task, next_stage, record_jobs, stage_dir, write_chunks
 from tbhpc.store.run_dir import RunDir

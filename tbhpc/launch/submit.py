@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tbhpc.launch.options import SlurmOptions
+from tbhpc.slurm_options import SlurmOptions
 from tbhpc.launch.sbatch import Stage, render_array, render_step
 from tbhpc.launch.slurm import SlurmClient
 from tbhpc.launch.stages import record_jobs, stage_dir, write_chunks
@@ -60,7 +60,7 @@ def submit_campaign(cfg, out: Path, dry_run: bool = False, client: SlurmClient |
     import os
 
     from tbhpc.campaign.runner import pending_keys, plan_campaign
-    from tbhpc.campaign.config import plan_rows, select_tasks
+    from tbhpc.campaign.config import campaign_tasks, plan_rows
     from tbhpc.config import from_dict
     from tbhpc.launch.stages import next_stage
     from tbhpc.store.run_dir import RunDir
@@ -78,7 +78,7 @@ def submit_campaign(cfg, out: Path, dry_run: bool = False, client: SlurmClient |
         if run.exists() and run.db.exists():
             keys, _ = pending_keys(run, run.plan())
         else:
-            keys = [(r["task_id"], i) for r in plan_rows(select_tasks(cfg), cfg.repeats) for i in range(r["repeats"])]
+            keys = [(r["task_id"], i) for r in plan_rows(campaign_tasks(cfg), cfg.repeats) for i in range(r["repeats"])]
         stage = next_stage(run) if run.exists() else 1
         n_tasks = math.ceil(len(keys) / opts.task_size(len(keys))) if keys else 0
         head = f"# {len(keys)} attempts -> {n_tasks} array task(s) of <= {opts.task_size(len(keys))}\n"

@@ -28,6 +28,7 @@ import yaml
 from tbhpc.errors import UserError
 from tbhpc.launch.sbatch import common_header, env_lines, render_serve, script_text
 from tbhpc.train.config import TrainConfig
+from tbhpc.train.jobs import cancel_and_wait
 
 SERVE_PLACEHOLDER = "${SERVE_JOB_ID}"
 
@@ -166,23 +167,7 @@ def follow_train(run: Path, jobs: dict[str, str], steps: int, log=print, poll_s:
     return f"{run}: {done} steps done; HF export in {run}/exports/step-{done:06d}"
 
 
-def cancel_and_wait(job: str, run: Path | None = None, timeout_s: float = 60.0) -> None:
-    """scancel, then wait until the job has left the queue: the server's supervisor gets its
-    SIGTERM, stops vLLM and removes endpoint.json before anything tears the allocation down. An
-    endpoint file still naming the job after it is gone (the supervisor was killed) is removed."""
-    import time
-
-    from tbhpc.serve.endpoint import endpoint_path, read_endpoint, remove_endpoint
-    subprocess.run(["scancel", job], capture_output=True)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip():
-            break
-        time.sleep(0.5)
-    if run is not None and endpoint_path(run).exists():
-        try:
-            stale = read_endpoint(run).job_id == job
-        except UserError:
-            stale = False
-        if stale:
-            remove_endpoint(run)
+def cancel_jobs(jobs) -> None:
+    """scancel each job of a run (the API's `Training.cancel`); a job already gone is no error."""
+    for job in jobs:
+        subprocess.run(["scancel", str(job)], capture_output=True, check=False)

@@ -39,17 +39,6 @@ class Counts:
     usage: dict[str, dict[str, int]]
 
 
-def checked_counts(path: Path | str, allow_incomplete: bool = False) -> "Counts":
-    """The run's per-task counts, refused in one line while the campaign is incomplete (unless allowed)."""
-    from tbhpc.campaign.validate import validate
-    run = RunDir(path).require()
-    val = validate(run)
-    if not val.ok and not allow_incomplete:
-        raise UserError(f"{path}: campaign is incomplete ({val.reason()}); re-run the campaign to finish it, "
-                        "or pass --allow-incomplete")
-    return load_counts(run)
-
-
 def load_counts(run: RunDir) -> Counts:
     camp = run.require().campaign()
     if not run.db.exists():

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from tbhpc.errors import UserError
-from tbhpc.policy.base import Completion, Policy, PolicySession
+from tbhpc.env.agent import Completion, Policy, PolicySession
+from tbhpc.policy.sampling import option_fields
 
 POLICY_NAMES = ("oracle", "noop", "openai", "hf", "tokens")
 
@@ -39,7 +40,7 @@ def check_policy_options(name: str, options: dict[str, Any], where: str = "polic
     if not isinstance(options, dict):
         raise UserError(f"{where}: expected a mapping of {name} policy options, got {type(options).__name__}")
     cls = policy_class(name)
-    values = checked_values(cls, options, {k: f"{where} ({name} policy)" for k in options})
+    values = checked_values(option_fields(cls), options, {k: f"{where} ({name} policy)" for k in options})
     if hasattr(cls, "check_ranges"):       # policies whose values have ranges say so without being built
         cls.check_ranges(values)
     return values

@@ -6,7 +6,7 @@
 - `LocalGenerator`: the policy model in this process (transformers `generate`), no server:
   colocated generation for small runs and tests.
 Both return the same `Generation`, so the token-exact policy and the trainer cannot tell them
-apart. Default sampling is the published one: temperature 1.0, top-k 20, top-p 0.95.
+apart. What they sample with is a `Sampling` (policy/sampling.py).
 """
 from __future__ import annotations
 
@@ -17,15 +17,8 @@ from typing import Any, Protocol
 
 from tbhpc.errors import EndpointError
 from tbhpc.llm_client import post_json
+from tbhpc.policy.sampling import Sampling
 from tbhpc.serve.auth import bearer
-
-
-@dataclass
-class Sampling:
-    temperature: float = 1.0
-    top_k: int = 20
-    top_p: float = 0.95
-    max_tokens: int = 1024          # per turn
 
 
 @dataclass

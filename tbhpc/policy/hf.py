@@ -3,7 +3,8 @@
 Why: small runs and CPU machines need a policy without a server. Loading is the real loading
 code (`from_pretrained` on a directory, or on a GGUF file via `gguf_file=`), so a user's own
 checkpoint loads the same way as the tiny models the tests build. torch and transformers are
-imported lazily: the rest of tbhpc works without them.
+imported lazily: the rest of tbhpc works without them. Sampling is a `Sampling` (its fields are
+options too; the tokens per turn is `max_new_tokens`, 512 unless given).
 """
 from __future__ import annotations
 
@@ -14,18 +15,17 @@ from typing import Any
 
 from tbhpc.errors import UserError
 from tbhpc.llm_client import Usage
-from tbhpc.policy.base import Completion
+from tbhpc.env.agent import Completion
+from tbhpc.policy.sampling import Sampling, flat_sampling
 from tbhpc.tasks.schema import Task
 
 
+@flat_sampling(max_tokens="max_new_tokens")
 @dataclass
 class HFPolicy:
     model_path: str = ""
     gguf_file: str | None = None
-    temperature: float = 1.0
-    top_k: int = 20
-    top_p: float = 0.95
-    max_new_tokens: int = 512
+    sampling: Sampling = field(default_factory=lambda: Sampling(max_tokens=512))
     seed: int = 0
     threads: int = 1
     name: str = "hf"
@@ -69,6 +69,7 @@ class _HFSession:
         import torch
 
         p = self.policy
+        s = p.sampling
         tok, model = p._load()
         ids = tok.apply_chat_template(template_messages(messages), tools=tools or None,
                                       add_generation_prompt=True, return_tensors="pt", return_dict=True)
@@ -76,8 +77,8 @@ class _HFSession:
         torch.manual_seed(self.seed + int(input_ids.shape[1]))  # reproducible per attempt and context
         with torch.no_grad():
             out = model.generate(
-                **ids, do_sample=p.temperature > 0, temperature=p.temperature or None,
-                top_k=p.top_k, top_p=p.top_p, max_new_tokens=p.max_new_tokens,
+                **ids, do_sample=s.temperature > 0, temperature=s.temperature or None,
+                top_k=s.top_k, top_p=s.top_p, max_new_tokens=s.max_tokens,
                 pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
             )
         new = out[0, input_ids.shape[1]:]

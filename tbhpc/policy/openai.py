@@ -15,7 +15,7 @@ from typing import Any
 
 from tbhpc.interpret import render_tool_call
 from tbhpc.llm_client import ChatEndpoint
-from tbhpc.policy.base import Completion, chat_messages
+from tbhpc.env.agent import Completion
 from tbhpc.tasks.schema import Task
 
 DEFAULT_SAMPLING = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "max_tokens": 8192}
@@ -90,3 +90,9 @@ def message_to_text(msg: dict) -> str:
                 continue
         parts.append(render_tool_call(fn.get("name", ""), args))
     return "\n".join(parts)
+
+
+def chat_messages(messages: list[dict]) -> list[dict]:
+    """History as an OpenAI-compatible server expects it (our bookkeeping keys removed)."""
+    keep = ("role", "content", "tool_calls", "tool_call_id", "name")
+    return [{k: m[k] for k in keep if k in m} for m in messages]

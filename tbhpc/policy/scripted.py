@@ -17,7 +17,7 @@ from typing import Callable
 
 from tbhpc.errors import UserError
 from tbhpc.interpret import render_tool_call
-from tbhpc.policy.base import Completion
+from tbhpc.env.agent import Completion
 from tbhpc.tasks.schema import GoldenCall, Task
 
 

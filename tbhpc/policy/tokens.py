@@ -10,21 +10,23 @@ Options: `generator=server` (a vLLM server: `endpoint=RUN_DIR` reads RUN/endpoin
 `generate` per turn) or `generator=batched` (in process, continuous batching across the episodes
 a worker runs at once: campaigns set `concurrency`).
 `model_path` also supplies the tokenizer and chat template in server mode (on a cluster: the
-same shared directory the server loads). Sampling defaults: temperature 1.0, top-k 20, top-p
-0.95, `max_tokens` per turn, `response_budget` generated tokens per episode.
+same shared directory the server loads). Sampling: `sampling` (a Sampling), or its fields as
+options (`temperature=0.7`, `max_tokens` per turn); `response_budget` generated tokens per episode.
+A trainer hands the policy its in-process generator (`use`) each time it loads new weights.
 """
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from tbhpc import progress
 from tbhpc.errors import UserError
 from tbhpc.llm_client import Usage
-from tbhpc.policy.base import Completion
-from tbhpc.policy.generation import Generator, LocalGenerator, Sampling, ServerGenerator
+from tbhpc.env.agent import Completion
+from tbhpc.policy.generation import Generator, LocalGenerator, ServerGenerator
+from tbhpc.policy.sampling import Sampling, flat_sampling
 from tbhpc.rollout.tokens import TokenTrace
 from tbhpc.tasks.schema import Task
 
@@ -34,6 +36,7 @@ _TRACES_LOCK = threading.Lock()
 _LOAD_LOCK = threading.Lock()
 
 
+@flat_sampling()
 @dataclass
 class TokenPolicy:
     model_path: str = ""
@@ -42,10 +45,7 @@ class TokenPolicy:
     base_url: str = ""                  # server mode: http://host:port (instead of endpoint)
     token_file: str = ""                # with base_url: the file holding the server's token (endpoint= reads the run's)
     served_model: str = "policy"
-    temperature: float = 1.0
-    top_k: int = 20
-    top_p: float = 0.95
-    max_tokens: int = 1024              # per turn
+    sampling: Sampling = field(default_factory=Sampling)
     response_budget: int = 8192         # generated tokens per episode
     max_context: int = 0                # stop an episode whose prompt reaches this (0: no check)
     check_prefix: bool = True           # verify each finished trace against a fresh rendering
@@ -113,8 +113,10 @@ class TokenPolicy:
             return tok, BatchedGenerator(model, tok.eos_token_id)
         return tok, LocalGenerator.for_tokenizer(model, tok)
 
-    def sampling(self, max_tokens: int) -> Sampling:
-        return Sampling(self.temperature, self.top_k, self.top_p, max_tokens)
+    def use(self, tokenizer: Any, generator: Generator) -> None:
+        """Sessions opened from now on generate with `generator` (an in-process one its owner loads
+        weights into) and render with `tokenizer`."""
+        self._engine = (tokenizer, generator)
 
     def session(self, task: Task, seed: int = 0) -> "TokenSession":
         tok, gen = self.load()
@@ -148,8 +150,9 @@ class TokenSession:
             return Completion("", finish_reason="response_budget")
         if p.max_context and len(prompt) >= p.max_context:
             return Completion("", finish_reason="context_limit")
-        cap = min(p.max_tokens, left) if not p.max_context else min(p.max_tokens, left, p.max_context - len(prompt))
-        g = self.gen.generate(prompt, p.sampling(cap), seed=(p.seed * 1_000_003 + self.seed) * 1009 + self.turn)
+        per_turn = p.sampling.max_tokens
+        cap = min(per_turn, left) if not p.max_context else min(per_turn, left, p.max_context - len(prompt))
+        g = self.gen.generate(prompt, replace(p.sampling, max_tokens=cap), seed=(p.seed * 1_000_003 + self.seed) * 1009 + self.turn)
         progress.mark()          # a rank that still generates is slow, not hung (tbhpc/train/watch.py)
         self.turn += 1
         tr.add_generation(g.token_ids, g.logprobs, g.version)

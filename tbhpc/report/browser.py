@@ -15,7 +15,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import duckdb
 from tbhpc.store.health import open_results
 
 _CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;max-width:110em}table{border-collapse:collapse}

@@ -89,10 +89,9 @@ def is_pool_file(path: Path) -> bool:
 
 def default_exclusions(run: RunDir) -> list[str]:
     """Without exclusion lists: the probed pack's held-out ids (`eval_ids.txt`); a tb: source has none."""
-    from tbhpc.campaign.config import CampaignConfig, pack_path
-    from tbhpc.config import from_dict
+    from tbhpc.tasks.select import pack_source
     camp = run.campaign()
-    pack = pack_path(from_dict(CampaignConfig, camp["config"])) if camp.get("source") == "tbhpc" else None
+    pack = pack_source(camp["config"].get("pack")) if camp.get("source") == "tbhpc" else None
     default = pack / "eval_ids.txt" if isinstance(pack, Path) else None
     return [str(default)] if default is not None and default.exists() else []
 

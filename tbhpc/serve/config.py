@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tbhpc.launch.options import SlurmOptions
+from tbhpc.config import load_config
+from tbhpc.slurm_options import SlurmOptions
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,3 +106,10 @@ class ServeConfig:
                 raise UserError(f"{source}: field {name!r} must be a positive number of seconds, got {getattr(self, name)}")
         if not math.isfinite(self.verify_tol):
             raise UserError(f"{source}: field 'verify_tol' must be finite, got {self.verify_tol}")
+
+
+def load_serve_config(path: Path | str | None, overrides: list[str] | tuple = ()) -> ServeConfig:
+    """The one way a serve config is read (`tbhpc serve`): the YAML file < `key=value` overrides, checked."""
+    cfg = load_config(ServeConfig, path, list(overrides))
+    cfg.validate(str(path or "serve config"))
+    return cfg

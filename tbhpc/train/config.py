@@ -13,21 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tbhpc.errors import UserError
-from tbhpc.launch.options import SlurmOptions
-
-
-def _finite(v: float) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-# How the step's token losses are averaged (grpo.policy_loss). token-mean: the recipe's, over all
-# loss tokens of the step. seq-mean-token-mean: the mean over episodes of each episode's token mean
-# (verl's name). Why offer the second: under token-mean a group whose failures are longer than its
-# successes pushes the total logprob of what was sampled down (sum of advantage x tokens < 0: so
-# on 21 of the 24 steps of the demo run); seq-mean removes that push. It did not by itself keep the
-# demo model from degrading at a too-large lr (README, "What GRPO did to the demo model").
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean")
-ALGORITHMS = ("grpo", "rft")
+from tbhpc.config import load_config
+from tbhpc.plan.memory import require_fit
+from tbhpc.policy.sampling import Sampling
+from tbhpc.slurm_options import SlurmOptions
+from tbhpc.train.checks import check_fields, check_run_inputs
 
 
 @dataclass
@@ -65,6 +55,7 @@ class TrainConfig:
                                           # ceil(this / ranks) of them (in_flight_per_rank)
     request_floor_tokens_per_s: float = 5.0   # the slowest decode a generation request may run at: its HTTP
                                               # timeout is max_tokens / this + 60 s (request_timeout_s)
+    # how the rollouts sample (the `sampling` property): flat, as configs and overrides have always spelt them
     temperature: float = 1.0
     top_k: int = 20
     top_p: float = 0.95
@@ -158,128 +149,17 @@ class TrainConfig:
     slurm: SlurmOptions = field(default_factory=lambda: SlurmOptions(time="24:00:00", mem="16G", cpus_per_task=2))
 
     def __post_init__(self) -> None:
-        for name in ("steps", "group_size", "groups_per_step", "episodes_in_flight", "max_tokens",
-                     "response_budget", "microbatch_tokens", "torch_threads", "nodes", "checkpoint_every",
-                     "logprob_chunk", "sp_size"):
-            if getattr(self, name) < 1:
-                raise UserError(f"train config: field {name!r} must be >= 1, got {getattr(self, name)!r}")
-        if self.group_size < 2:
-            raise UserError("train config: field 'group_size' must be >= 2 (a group of one has no baseline)")
-        if not (_finite(self.refresh_below) and 0.0 <= self.refresh_below <= 1.0):
-            raise UserError(f"train config: field 'refresh_below' must be within [0, 1] (0: off), got {self.refresh_below!r}")
-        if self.refresh_window < 1 or self.refresh_size < 0:
-            raise UserError("train config: fields 'refresh_window' (>= 1) and 'refresh_size' (>= 0) are out of range, "
-                            f"got {self.refresh_window!r} and {self.refresh_size!r}")
-        if self.refresh_pool and not self.refresh_below:
-            raise UserError("train config: field 'refresh_pool' needs refresh_below > 0 (when to refresh the pool)")
-        if self.draw_ahead < -1:
-            raise UserError(f"train config: field 'draw_ahead' must be >= 0, or -1 (no bound), got {self.draw_ahead!r}")
-        if self.max_staleness not in (0, 1):
-            raise UserError(f"train config: field 'max_staleness' must be 0 (on-policy) or 1 (one step off-policy), "
-                            f"got {self.max_staleness!r}")
-        if not (_finite(self.tis_cap) and (self.tis_cap == 0 or self.tis_cap >= 1)):
-            raise UserError(f"train config: field 'tis_cap' must be 0 (off) or a number >= 1, got {self.tis_cap!r}")
-        if self.generator not in ("server", "local", "batched"):
-            raise UserError(f"train config: field 'generator' must be server, local or batched, got {self.generator!r}")
-        if self.dtype not in ("auto", "fp32", "bf16"):
-            raise UserError(f"train config: field 'dtype' must be auto, fp32 or bf16, got {self.dtype!r}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise UserError(f"train config: field 'zero_stage' must be 0-3, got {self.zero_stage!r}")
-        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
-            raise UserError(f"train config: field 'lora_rank' must be a whole number >= 0 (0: every parameter), got {self.lora_rank!r}")
-        if self.lora_rank and not self.lora_alpha > 0:
-            raise UserError(f"train config: field 'lora_alpha' must be > 0, got {self.lora_alpha!r}")
-        if self.lora_sync not in ("adapter", "merged"):
-            raise UserError(f"train config: field 'lora_sync' must be adapter or merged, got {self.lora_sync!r}")
-        if not 0 <= self.lora_dropout < 1:
-            raise UserError(f"train config: field 'lora_dropout' must be in [0, 1), got {self.lora_dropout!r}")
-        if self.lora_rank and (not self.lora_targets or not all(isinstance(t, str) and t for t in self.lora_targets)):
-            raise UserError(f"train config: field 'lora_targets' must name the linear layers to adapt, got {self.lora_targets!r}")
-        if self.algorithm not in ALGORITHMS:
-            raise UserError(f"train config: field 'algorithm' must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
-        if self.loss_agg not in LOSS_AGGS:
-            raise UserError(f"train config: field 'loss_agg' must be one of {', '.join(LOSS_AGGS)}, got {self.loss_agg!r}")
-        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
-            raise UserError("train config: fields 'clip_low' (in [0,1)) and 'clip_high' (>= 0) are out of range")
-        if self.dual_clip and self.dual_clip <= 1:
-            raise UserError(f"train config: field 'dual_clip' must be > 1 or 0 (off), got {self.dual_clip!r}")
-        self._check_stability()
-        self._check_memory_fields()
-        from tbhpc.launch.sbatch import check_env
-        self.env = check_env(self.env, "train config: field 'env'")
-        if len(self.betas) != 2 or not all(_finite(b) and 0 <= b < 1 for b in self.betas):
-            raise UserError(f"train config: field 'betas' must be two numbers in [0, 1), got {self.betas!r}")
-        for name, ok, want in (("lr", lambda v: v > 0, "> 0"), ("temperature", lambda v: v > 0, "> 0"),
-                               ("top_p", lambda v: 0 < v <= 1, "in (0, 1]"), ("grad_clip", lambda v: v > 0, "> 0"),
-                               ("weight_decay", lambda v: v >= 0, ">= 0"), ("sync_timeout_s", lambda v: v > 0, "> 0"),
-                               ("sync_join_timeout_s", lambda v: v > 0, "> 0"), ("sync_bucket_mb", lambda v: v >= 1, ">= 1"),
-                               ("max_seconds", lambda v: v >= 0, ">= 0 (0: no budget)"),
-                               ("request_floor_tokens_per_s", lambda v: v > 0, "> 0"),
-                               ("collective_timeout_s", lambda v: v >= 0, ">= 0 (0: from request_timeout_s)")):
-            v = getattr(self, name)
-            if not (_finite(v) and ok(v)):
-                raise UserError(f"train config: field {name!r} must be a finite number {want}, got {v!r}")
-        if self.sync_transport not in ("files", "broadcast"):
-            raise UserError(f"train config: field 'sync_transport' must be files or broadcast, got {self.sync_transport!r}")
-        if self.sync_transport == "broadcast" and self.generator != "server":
-            raise UserError("train config: field 'sync_transport' is broadcast, which needs generator=server (an "
-                            f"in-process generator ({self.generator}) loads the published files)")
-        if self.top_k < -1:
-            raise UserError(f"train config: field 'top_k' must be >= 1, or 0 / -1 (off), got {self.top_k!r}")
-        for name in ("max_draws", "max_reruns", "max_context", "export_every", "keep_checkpoints", "keep_published"):
-            if getattr(self, name) < 0:
-                raise UserError(f"train config: field {name!r} must be >= 0, got {getattr(self, name)!r}")
-        if self.keep_published < self.max_staleness + 1:
-            raise UserError(f"train config: field 'keep_published' must be >= {self.max_staleness + 1} with max_staleness "
-                            f"{self.max_staleness} (a resumed step samples from weights that old)")
-        if 0 < self.max_draws < self.groups_per_step:
-            raise UserError(f"train config: field 'max_draws' ({self.max_draws}) must be >= groups_per_step "
-                            f"({self.groups_per_step}), or 0 (4 x groups_per_step)")
-
-    def _check_stability(self) -> None:
-        for name in ("overlong_penalty", "min_group_std", "guard_length", "guard_entropy", "guard_lr_factor"):
-            v = getattr(self, name)
-            if not (_finite(v) and v >= 0):
-                raise UserError(f"train config: field {name!r} must be a finite number >= 0, got {v!r}")
-        if not 0 <= self.overlong_buffer <= self.response_budget:
-            raise UserError(f"train config: field 'overlong_buffer' must be within [0, response_budget "
-                            f"{self.response_budget}], got {self.overlong_buffer!r}")
-        for name in ("guard_length", "guard_entropy"):
-            if 0 < getattr(self, name) <= 1:
-                raise UserError(f"train config: field {name!r} must be > 1 (a factor on the reference) or 0 (off), "
-                                f"got {getattr(self, name)!r}")
-        if self.guard_action not in ("rollback", "stop"):
-            raise UserError(f"train config: field 'guard_action' must be rollback or stop, got {self.guard_action!r}")
-        if not 0 < self.guard_lr_factor <= 1:
-            raise UserError(f"train config: field 'guard_lr_factor' must be within (0, 1], got {self.guard_lr_factor!r}")
-        ref = self.guard_reference
-        if ref and not (len(ref) == 2 and all(_finite(v) and v > 0 for v in ref)):
-            raise UserError(f"train config: field 'guard_reference' must be [tokens, entropy], two numbers > 0, got {ref!r}")
-        if self.guard_window < 2 or self.guard_max_rollbacks < 0:
-            raise UserError("train config: fields 'guard_window' (>= 2) and 'guard_max_rollbacks' (>= 0) are out of range")
-        if self.guard_length or self.guard_entropy:
-            if self.max_staleness:
-                raise UserError("train config: the collapse guard (guard_length/guard_entropy) needs max_staleness 0")
-            if self.checkpoint_every != 1 or self.keep_checkpoints < 2:
-                raise UserError("train config: the collapse guard needs checkpoint_every 1 and keep_checkpoints >= 2 "
-                                "(it restores the step before the one whose rollouts tripped it)")
-
-    def _check_memory_fields(self) -> None:
-        for name in ("gpu_memory_gb", "host_memory_gb"):
-            v = getattr(self, name)
-            if not (_finite(v) and v >= 0):
-                raise UserError(f"train config: field {name!r} must be a finite number >= 0, got {v!r}")
-        if self.offload_params and self.zero_stage != 3:
-            raise UserError("train config: field 'offload_params' needs zero_stage 3 (only ZeRO-3 partitions parameters)")
-        if self.offload_optimizer and self.zero_stage == 0:
-            raise UserError("train config: field 'offload_optimizer' needs zero_stage 1, 2 or 3")
-        if self.sp_size > 1 and self.zero_stage != 3:
-            raise UserError("train config: field 'sp_size' > 1 needs zero_stage 3 (its ranks share one partitioned model)")
+        check_fields(self)          # every field's range, as the config is built (train/checks.py)
 
     def in_flight_per_rank(self, ranks: int) -> int:
         """Episodes one of `ranks` trainer ranks keeps in flight: its share of the run's total (fewer
         than a group's: the group's episodes queue for the rank's slots)."""
         return max(1, math.ceil(self.episodes_in_flight / max(ranks, 1)))
+
+    @property
+    def sampling(self) -> Sampling:
+        """The rollouts' sampling, from its flat fields (the one place they become a Sampling)."""
+        return Sampling(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, max_tokens=self.max_tokens)
 
     @property
     def request_timeout_s(self) -> float:
@@ -308,17 +188,19 @@ class TrainConfig:
         return self.lora_rank > 0 and self.lora_sync == "adapter"
 
     def validate(self, source: str = "train config") -> None:
-        if not self.model:
-            raise UserError(f"{source}: field 'model' is required (an HF model directory)")
-        if not self.pool:
-            raise UserError(f"{source}: field 'pool' is required (the pool file `tbhpc select` wrote)")
-        if not Path(self.pool).is_file():
-            raise UserError(f"{source}: field 'pool': {self.pool} is not a file (the pool file `tbhpc select` wrote)")
-        if self.refresh_pool and not Path(self.refresh_pool).is_file():
-            raise UserError(f"{source}: field 'refresh_pool': {self.refresh_pool} is not a file (a pool file or task-id list)")
-        if self.servers and not Path(self.servers).is_file():
-            raise UserError(f"{source}: field 'servers': {self.servers} is not a file (the MCP servers file)")
-        from tbhpc.openenv.launch import openenv_spec
-        openenv_spec(self.environment, self.openenv, source)
-        if self.model.startswith(("/", ".", "~")) and not Path(self.model).expanduser().is_dir():
-            raise UserError(f"{source}: field 'model': {self.model} is not a directory (an HF model directory)")
+        """What a run needs beyond sound fields: its pool, model and servers on disk, a valid
+        environment, and the eval config of its exports (train/checks.py)."""
+        check_run_inputs(self, source)
+
+
+def load_train_config(path: Path | str | None, overrides: list[str] | tuple = (),
+                      updates: dict[str, Any] | None = None) -> TrainConfig:
+    """The one way a run's training config is read (`tbhpc train`, `tbhpc submit train`, the API):
+    the YAML file < `updates` < `key=value` overrides, then every check a run needs before it
+    writes anything: the fields (`validate`) and the memory plan (a config that cannot fit the
+    GPUs it names is refused here, not after the model loads)."""
+    source = str(path or "train config")
+    cfg = load_config(TrainConfig, path, list(overrides), updates=updates)
+    cfg.validate(source)
+    require_fit(cfg, source)
+    return cfg

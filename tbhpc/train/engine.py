@@ -1,6 +1,7 @@
 """The DeepSpeed layer: process group, engine, one GRPO update, consolidated weights, checkpoints.
 
-Kept thin on purpose (the loss lives in grpo.py, the step in loop.py). What it must get right:
+Kept thin on purpose (the loss lives in grpo.py, the step in loop.py, the rank and device in dist.py,
+the DeepSpeed config in dsconfig.py). What it must get right:
 - every rank runs the same number of forward/backward passes (ZeRO-3 gathers parameters and
   reduce-scatters gradients inside them; a rank that skips one deadlocks the others), so ranks
   agree on the step's micro-batch count and pad theirs with zero-loss passes;
@@ -16,13 +17,14 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, replace
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from tbhpc import progress
 from tbhpc.errors import TbhpcError, UserError
-from tbhpc.plan.memory import zero_buffers
 from tbhpc.train import memstat
 from tbhpc.train.config import TrainConfig
+from tbhpc.train.dist import DistEnv, cuda_device, local_world_size, use_gpu
+from tbhpc.train.dsconfig import attention_kernel, ds_config, resolved_dtype
 from tbhpc.train.grpo import policy_loss
 from tbhpc.train.lora import adapted_layers, base_name
 from tbhpc.train.rft import nll_loss
@@ -30,136 +32,6 @@ from tbhpc.train.packing import Packed
 
 # torch and the modules built on it (logprobs, loading, longseq) are imported where they are used:
 # `tbhpc train` sets the OpenMP policy before torch loads, and a bad command line fails without it
-
-
-@dataclass
-class DistEnv:
-    rank: int = 0
-    world: int = 1
-    local_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-
-    @classmethod
-    def from_environ(cls, env: dict | None = None) -> "DistEnv":
-        """Slurm (srun: SLURM_PROCID/NTASKS/LOCALID), torchrun (RANK/WORLD_SIZE/LOCAL_RANK) or one
-        process. MASTER_ADDR/MASTER_PORT come from the job script (rank 0's node, a port from the
-        job id) or default to this host."""
-        e = os.environ if env is None else env
-        if "SLURM_PROCID" in e and "SLURM_NTASKS" in e and "RANK" not in e:
-            rank, world, local = int(e["SLURM_PROCID"]), int(e["SLURM_NTASKS"]), int(e.get("SLURM_LOCALID", 0))
-        else:
-            rank, world, local = int(e.get("RANK", 0)), int(e.get("WORLD_SIZE", 1)), int(e.get("LOCAL_RANK", 0))
-        if "MASTER_PORT" in e:
-            port = int(e["MASTER_PORT"])
-        else:   # one process on its own: any free pair (two local runs on one machine must not collide)
-            port = free_port_pair() if world == 1 else 29500
-        return cls(rank, world, local, e.get("MASTER_ADDR", "127.0.0.1"), port)
-
-    def export(self) -> None:
-        os.environ.update({"RANK": str(self.rank), "WORLD_SIZE": str(self.world), "LOCAL_RANK": str(self.local_rank),
-                           "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)})
-
-
-def free_port_pair() -> int:
-    """A port p with p and p + 1 free on this host (the rendezvous and the draw queue's store)."""
-    import random
-    import socket
-    for _ in range(200):
-        port = random.randint(20000, 59000)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    return 29500
-
-
-def cuda_device(local_rank: int, visible: int, local_world: int | None, cuda_visible: str | None = None) -> int:
-    """The GPU index this rank drives, among those it sees. Slurm either shows every task of a node
-    all its GPUs (`--gpus-per-node`: rank i takes GPU i) or binds each task its own (`--gpus-per-task=1`,
-    `--gpu-bind`: each rank sees one, index 0). `local_world`: the ranks on this node, when known."""
-    where = f"(local rank {local_rank}, CUDA_VISIBLE_DEVICES={cuda_visible!r})"
-    if visible < 1:
-        raise UserError(f"this trainer rank sees no GPU {where}: ask Slurm for GPUs (gpus_per_node) or run on CPU nodes")
-    if visible == 1:
-        return 0
-    if (local_world is None or visible >= local_world) and local_rank < visible:
-        return local_rank
-    raise UserError(f"this trainer rank sees {visible} GPUs {where} while its node runs {local_world or '?'} ranks: "
-                    f"give each task one GPU (--gpus-per-task=1) or every task all of the node's GPUs")
-
-
-def local_world_size(env: dict | None = None) -> int | None:
-    """Ranks on this node: torchrun's LOCAL_WORLD_SIZE, or Slurm's tasks per node."""
-    e = os.environ if env is None else env
-    for key in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        if str(e.get(key, "")).isdigit():
-            return int(e[key])
-    return None
-
-
-def use_gpu() -> bool:
-    try:
-        import torch
-        return torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "") != "cpu"
-    except ImportError:  # pragma: no cover
-        return False
-
-
-def attention_kernel(gpu: bool) -> str:
-    """FlashAttention-2 (varlen: packed episodes never attend to each other at no extra cost) when it
-    is installed on a GPU node, else SDPA (packing then pays the block mask; see packing.py)."""
-    if gpu:
-        import importlib.util
-        if importlib.util.find_spec("flash_attn") is not None:
-            return "flash_attention_2"
-    return "sdpa"
-
-
-def resolved_dtype(cfg: TrainConfig, gpu: bool) -> str:
-    return cfg.dtype if cfg.dtype != "auto" else ("bf16" if gpu else "fp32")
-
-
-def ds_config(cfg: TrainConfig, gpu: bool, hidden: int) -> dict:
-    """The DeepSpeed config (pure: golden-tested). One micro-batch per backward, boundaries set by hand.
-    ZeRO's buffer sizes follow the model's width (`plan.memory.zero_buffers`: what the plan counts)."""
-    bf16 = resolved_dtype(cfg, gpu) == "bf16"
-    zero: dict[str, Any] = {"stage": cfg.zero_stage}
-    buffers = zero_buffers(hidden)
-    if cfg.zero_stage:
-        zero["reduce_bucket_size"] = buffers["reduce_bucket_size"]
-    if cfg.zero_stage == 3:
-        zero.update({"stage3_gather_16bit_weights_on_model_save": True, "overlap_comm": gpu, "contiguous_gradients": True,
-                     "reduce_scatter": True,
-                     **{k: v for k, v in buffers.items() if k.startswith("stage3_")}})
-    if cfg.offload_optimizer:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": gpu}
-    if cfg.offload_params:
-        zero["offload_param"] = {"device": "cpu", "pin_memory": gpu}
-    # torch's AdamW everywhere, fused on a GPU: DeepSpeed's own FusedAdam is compiled with nvcc on its
-    # first use, on every node; only optimizer offload on a GPU takes DeepSpeed's CPU Adam (a C++ build)
-    adamw: dict[str, Any] = {"lr": cfg.lr, "weight_decay": cfg.weight_decay, "betas": list(cfg.betas), "eps": 1e-8,
-                             "torch_adam": not (gpu and cfg.offload_optimizer)}
-    if gpu and not cfg.offload_optimizer:
-        adamw["fused"] = True
-    extra = {}
-    if (cfg.offload_optimizer or cfg.offload_params) and not gpu:
-        extra["zero_force_ds_cpu_optimizer"] = False      # a CPU rank keeps torch's AdamW (no C++ build)
-    return {
-        "train_micro_batch_size_per_gpu": 1,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": cfg.grad_clip,
-        "zero_optimization": zero,
-        "optimizer": {"type": "AdamW", "params": adamw},
-        "bf16": {"enabled": bf16},
-        "fp16": {"enabled": False},
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-        **extra,
-    }
 
 
 @dataclass

@@ -1,16 +1,55 @@
-"""A training run's dealings with the scheduler around it: requeue after a preemption signal, the
-signal's margin against the measured step, the serving job that ends with the run, evaluations of
-exports submitted beside it. Kept out of the step loop (loop.py), which calls them."""
+"""A training run's dealings with the scheduler around it: the preemption signal (caught, then a
+requeue), the signal's margin against the measured step, the serving job that ends with the run
+(also when a lost peer ends it, or when `tbhpc submit train --wait` stops following it),
+evaluations of exports submitted beside it. Kept out of the step loop (loop.py), which calls them."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import threading
+import time
+from datetime import datetime
 from pathlib import Path
 
+from tbhpc.errors import UserError
 from tbhpc.serve.checkpoints import version_name
+from tbhpc.serve.endpoint import endpoint_path, read_endpoint, remove_endpoint
 from tbhpc.train.config import TrainConfig
+from tbhpc.train.watch import Watch, die
 
 STOPPED = 3     # exit status of a run stopped by a signal outside Slurm (run the same command to resume)
+
+
+def stop_on_signals(stop: threading.Event, rank: int) -> None:
+    """USR2 and SIGTERM (Slurm's warning before a time limit or preemption) set `stop`: every rank
+    then stops at the loop's next safe point. Only the main thread can install handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def caught(signum, _frame) -> None:
+        first = not stop.is_set()
+        stop.set()
+        if first:   # os.write, not print: the handler may interrupt the main thread's print on this stream
+            try:
+                os.write(2, f"train: rank {rank} got {signal.Signals(signum).name} at "
+                            f"{datetime.now().strftime('%H:%M:%S.%f')[:-3]}; stopping at the next safe point\n".encode())
+            except OSError:
+                pass    # stderr gone (a closed pipe): stopping matters, the line does not
+
+    for sig in (signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(sig, caught)
+
+
+def end_run(watch: Watch, run: Path, line: str) -> None:
+    """A peer is lost (train/watch.py): end the run now: its serving job cancelled, this process ended
+    with one line (srun --kill-on-bad-exit ends the other ranks). No barrier: nobody would come."""
+    watch.stop()
+    try:
+        stop_serving_job(run)
+    except Exception:       # the one line below matters more than the cleanup
+        pass
+    die(line)
 
 
 def preemption_margin(signal_s: float, update_s: float, publish_s: float, factor: float = 1.5) -> str:
@@ -29,7 +68,6 @@ def stop_serving_job(run: Path, log=None) -> None:
     import yaml
     jobs = Path(run) / "slurm" / "train-jobs.yaml"
     if jobs.exists() and (serve := (yaml.safe_load(jobs.read_text()) or {}).get("serve")):
-        from tbhpc.launch.train import cancel_and_wait
         cancel_and_wait(str(serve), Path(run))
         if log:
             log(f"train: cancelled the serving job {serve}")
@@ -62,3 +100,22 @@ def start_export_eval(cfg: TrainConfig, run_path: Path, step: int, export: Path)
     with open(log, "w") as fh:
         subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     return f"train: evaluating {export.name} in {out} ({'submitted' if os.environ.get('SLURM_JOB_ID') else 'local'}; log {log})"
+
+
+def cancel_and_wait(job: str, run: Path | None = None, timeout_s: float = 60.0) -> None:
+    """scancel, then wait until the job has left the queue: the server's supervisor gets its
+    SIGTERM, stops vLLM and removes endpoint.json before anything tears the allocation down. An
+    endpoint file still naming the job after it is gone (the supervisor was killed) is removed."""
+    subprocess.run(["scancel", job], capture_output=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True).stdout.strip():
+            break
+        time.sleep(0.5)
+    if run is not None and endpoint_path(run).exists():
+        try:
+            stale = read_endpoint(run).job_id == job
+        except UserError:
+            stale = False
+        if stale:
+            remove_endpoint(run)

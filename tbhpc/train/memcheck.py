@@ -131,7 +131,7 @@ def run_case(case: dict, timeout: float = 900) -> dict:
     """The case in a fresh process (1 rank: gloo on CPU, NCCL with `"device": "cuda"`): its JSON result."""
     import subprocess
 
-    from tbhpc.train.engine import free_port_pair
+    from tbhpc.train.dist import free_port_pair
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": str(case.get("threads", 1)),
            "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port_pair())}

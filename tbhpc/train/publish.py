@@ -1,6 +1,7 @@
 """Publishing a step's weights for the server: a broadcast into it, or files written by every rank.
 
-Why two transports behind one call (`publish`): a broadcast (serve/broadcast.py) moves the weights
+Why two transports behind one call (`publish`, which also exports when one is due and keeps the
+newest `keep_published` publications): a broadcast (serve/broadcast.py) moves the weights
 in seconds but needs the server up and waiting; files work whatever state the server is in and are
 what a (re)started server and an export load. So a run configured for `sync_transport: broadcast`
 offers a broadcast and falls back to files when nobody joins in time.
@@ -19,9 +20,11 @@ import shutil
 import time
 from pathlib import Path
 
+from tbhpc.serve.broadcast import OFFER, Sender, digesting, sender_device
 from tbhpc.serve.checkpoints import CKPT_DIR, mark_ready, version_name
 from tbhpc.serve.digest import digest_each, digest_table, served_dtypes
-from tbhpc.serve.fingerprint import Fingerprint
+from tbhpc.serve.fingerprint import Fingerprint, compute_fingerprint
+from tbhpc.train.jobs import start_export_eval
 
 
 def digest_threads() -> int:
@@ -93,7 +96,6 @@ def publish_broadcast(eng, run_path: Path, step: int, fp: Fingerprint, join_time
     """Offer the weights to the run's server and stream them in (None on every rank when nobody
     joined in time, or a member of the group could not prove the run's token: the caller publishes
     files). Collective."""
-    from tbhpc.serve.broadcast import Sender, digesting, sender_device
     from tbhpc.serve.endpoint import endpoint_path, read_endpoint
     sender, t0 = None, time.monotonic()
     if eng.env.rank == 0 and endpoint_path(run_path).exists():
@@ -180,3 +182,55 @@ def export_step(eng, run_path: Path, step: int, how: dict) -> Path:
     else:
         write_shards(eng, dest, [], False)
     return dest
+
+
+def publish(eng, run_path: Path, step: int, final: bool, log=print) -> None:
+    """This step's weights to the server (a broadcast, else files every rank writes), with digests
+    of exactly what was sent or written and the fingerprint; an export when one is due (`final`:
+    the run ends after this step). Collective: every rank calls it."""
+    cfg, rank0 = eng.cfg, eng.env.rank == 0
+    fp = compute_fingerprint(eng.module, eng.tokenizer)
+    how = publish_adapter(eng, run_path, step, fp) if cfg.adapter_sync else None
+    if how is None and cfg.sync_transport == "broadcast":
+        how = publish_broadcast(eng, run_path, step, fp, cfg.sync_join_timeout_s, cfg.sync_bucket_mb << 20, eng.gpu, log)
+    if how is None:
+        if cfg.sync_transport == "broadcast" and rank0:
+            log(f"train: step {step}: no server took the broadcast within {cfg.sync_join_timeout_s:g} s "
+                "(none running, restarting, on another device, or not every member proved the run's token); "
+                "publishing files instead")
+        how = publish_files(eng, run_path, step, fp)
+    if rank0:                        # what each publication cost, phase by phase (docs/weight-sync.md)
+        (run_path / "logs").mkdir(exist_ok=True)
+        with open(run_path / "logs" / "publish.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": step, "at": time.time(), **how}) + "\n")
+    if (cfg.export_every and step % cfg.export_every == 0) or step == cfg.steps or final:
+        dest = export_step(eng, run_path, step, how)
+        if rank0 and cfg.export_eval:
+            log(start_export_eval(cfg, run_path, step, dest))
+    if rank0:
+        prune_published(run_path, step, cfg.keep_published)
+    eng.barrier()
+
+
+def rewind_publications(run_path: Path, resumed: int) -> bool:
+    """A run resumed from the DeepSpeed checkpoint of step `resumed` discards what it published
+    after it (the server may serve one of those: its next sync goes back to `resumed`, by time of
+    publication). True when there was anything to discard. Rank 0 only."""
+    ckpts, found = run_path / CKPT_DIR, False
+    for marker in sorted(ckpts.glob("step-*.ready")) + sorted(ckpts.glob(f"step-*{OFFER}")):
+        step = int(marker.name[5:11])
+        if step > resumed:
+            marker.unlink(missing_ok=True)
+            shutil.rmtree(ckpts / version_name(step), ignore_errors=True)
+            found = True
+    return found
+
+
+def prune_published(run_path: Path, step: int, keep: int) -> None:
+    """Published weights older than the newest `keep` go (marker first, so nobody picks up a
+    directory that is being removed); exports/ keeps its own copies."""
+    for old in range(1, step - keep + 1):
+        marker = run_path / CKPT_DIR / f"{version_name(old)}.ready"
+        if marker.exists():
+            marker.unlink()
+            shutil.rmtree(run_path / CKPT_DIR / version_name(old), ignore_errors=True)

@@ -5,7 +5,7 @@
                                                              run's name, policy_id = the weights that sampled
                                                              it, train_step, policy_version; attempt_index
                                                              ((step-1) x draw cap + draw) x G + k: unique in
-                                                             the run (loop.attempt_index)
+                                                             the run (attempt_index)
     RUN/results.duckdb `train_steps`                          one row per step (logs/train_steps.jsonl too)
     RUN/buffers/step-N[.rankR].h5                             the episodes token-exact (rollout/buffer.py)
     RUN/checkpoints/step-N (+ .ready)                         published weights (serve/checkpoints.py)
@@ -27,6 +27,7 @@ import yaml
 from tbhpc.campaign.config import pack_hash, plan_rows
 from tbhpc.config import resolved
 from tbhpc.errors import UserError
+from tbhpc.serve.checkpoints import BASE_VERSION, version_name
 from tbhpc.store.merge import connect, insert_rows
 from tbhpc.store.run_dir import RunDir
 from tbhpc.train.config import TrainConfig
@@ -99,6 +100,39 @@ def open_train_run(cfg: TrainConfig, path: Path, tasks: list) -> RunDir:
 def _pack(cfg: TrainConfig) -> Path:
     from tbhpc.tasks.loader import resolve_pack
     return resolve_pack(cfg.pack)
+
+
+def version_of(step: int) -> str:
+    """The version name of step `step`'s weights (step 0: the base model), as rows and servers say it."""
+    return BASE_VERSION if step == 0 else version_name(step)
+
+
+def attempt_index(cfg: TrainConfig, step: int, draw: int, k: int) -> int:
+    """A rollout's attempt index, unique in the run: off-policy two steps can be sampled by the same
+    weights (the attempt key's policy_id), so the index counts across steps, not within one."""
+    return ((step - 1) * cfg.draw_cap + draw) * cfg.group_size + k
+
+
+def record_attempts(run: RunDir, cfg: TrainConfig, step: int, groups, rank: int, world: int) -> None:
+    """This rank's rollouts of the step: one attempt row each (a shard, merged into results.duckdb
+    after the step) and the episodes token-exact (buffers/step-N[.rankR].h5)."""
+    # here, not at the top: the readers of this module (report, demo) need neither h5py nor the episode runner
+    from tbhpc.campaign.worker import attempt_row
+    from tbhpc.rollout.buffer import write_step
+    from tbhpc.store.shards import write_shard
+    rows, eps = [], []
+    for g in groups:
+        for k, r in enumerate(g.rollouts):
+            version = version_of(r.episode.policy_version)
+            started = datetime.now(timezone.utc)
+            row = attempt_row(r.result, cfg.name, version, attempt_index(cfg, step, g.index, k), started, run.blobs)
+            row.update(train_step=step, policy_version=version)
+            rows.append(row)
+            eps.extend(r.samples)
+    suffix = "" if world == 1 else f".rank{rank}"
+    if rows:
+        write_shard(run.shards, rows)
+    write_step(run.path / "buffers", step, eps, policy_version=step - 1, suffix=suffix)
 
 
 def record_step(run: RunDir, row: dict, log: bool = True) -> None:

@@ -179,3 +179,12 @@ class Ahead:
         if self.error is not None:
             raise self.error
         return self.value
+
+
+def report_progress(queue: DrawQueue, step: int, need: int, kind: str, done: threading.Event, t0: float, log,
+                    every_s: float = 10.0) -> None:
+    """A progress line every `every_s` until `done` while a step's rollouts run (they can take
+    minutes): draws claimed, and of the `need` groups the step keeps (`kind`), how many are in."""
+    while not done.wait(every_s):
+        claimed, kept = queue.progress()
+        log(f"step {step:>4} rollouts: {claimed} drawn, {kept}/{need} {kind}, {time.monotonic() - t0:.0f} s")

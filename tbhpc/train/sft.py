@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tbhpc.errors import UserError
 from tbhpc.tasks.loader import default_pack_dir
-from tbhpc.policy.base import Completion
+from tbhpc.env.agent import Completion
 from tbhpc.rollout.buffer import Episode
 from tbhpc.rollout.tokens import TokenTrace
 

@@ -6,7 +6,7 @@ play each behaviour on each instance and grade it with the real engine. A case t
 all of its outcomes; the task written to the pack keeps the one the rules choose (its golden
 calls and response) and names it in a `branch:` tag. `constant_tasks` turns the other outcomes
 back into tasks whose golden trajectory is that behaviour, for the ceiling check
-(tests/test_demo_pack.py, `tbhpc.domains.demo.pack.constant_ceilings`).
+(tests/test_demo_pack.py, `tbhpc.demo.pack_checks.constant_ceilings`).
 
 Branches are drawn first (evenly, from the template's own RNG) and the values are drawn to fit,
 so each template's instances split about evenly between its outcomes.

@@ -9,24 +9,23 @@ from pathlib import Path
 
 import yaml
 
-from tbhpc.cli_types import float_in
-from tbhpc.config import load_config
+from tbhpc.cli.options import add_overrides
 from tbhpc.errors import UserError
 
 
-def add_parsers(sub) -> None:
+def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the policy with vLLM for a run: endpoint.json, weight syncs")
+    p.set_defaults(func=run)
     p.add_argument("run", type=Path, help="run directory (endpoint.json, checkpoints/, logs/ live there)")
     p.add_argument("--config", type=Path, help="YAML serve config (see jobs/serve.yaml)")
     p.add_argument("--executor", choices=("local", "slurm"), default="local")
     p.add_argument("--dry-run", action="store_true", help="print what would run (sbatch script or vLLM command)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    add_overrides(p)
 
 
 def run(args) -> int:
-    from tbhpc.serve.config import ServeConfig
-    cfg = load_config(ServeConfig, args.config, args.overrides)
-    cfg.validate(str(args.config or "serve config"))
+    from tbhpc.serve.config import load_serve_config
+    cfg = load_serve_config(args.config, args.overrides)
     from tbhpc.outpaths import check_folder_path
     check_folder_path(args.run, "serve: run directory")     # a dry run refuses what the real one would
     run_dir = args.run.resolve()
@@ -63,33 +62,3 @@ def _submit(cfg, run_dir: Path, dry_run: bool) -> int:
         raise UserError(f"sbatch {script}: {out.stderr.strip()}")
     print(f"submitted serve job {out.stdout.strip().split(';')[0]}; it writes {run_dir / 'endpoint.json'} when ready")
     return 0
-
-
-def add_check_parser(sub) -> None:
-    p = sub.add_parser("serve-check", help="verify a server computes the weights it claims (exact weight digests + fingerprint probe)")
-    p.add_argument("run", nargs="?", type=Path, help="run directory of `tbhpc serve` (endpoint.json, checkpoint markers)")
-    p.add_argument("--url", help="a vLLM server you run yourself (http://host:port), instead of RUN")
-    p.add_argument("--token-file", type=Path, help="with --url: a file holding the server's token (RUN: the run's own)")
-    p.add_argument("--model", default="", help="served model name (default: the first of /v1/models)")
-    p.add_argument("--checkpoint", type=Path,
-                   help="the HF directory it should serve (digested and fingerprinted here on the CPU); default: the run's marker")
-    p.add_argument("--tol", type=float_in(0, 100), default=0.0, help="mean |Δ logprob| allowed (default: by dtype)")
-    p.add_argument("--format", choices=("text", "json"), default="text")
-
-
-def run_check(args) -> int:
-    """Print served version, probe errors, digest comparison, PASS/FAIL; exit 0 on a match, 1 on a mismatch."""
-    import json
-
-    from tbhpc.serve.verify import check_endpoint
-    if bool(args.run) == bool(args.url):
-        raise UserError("serve-check: give either RUN or --url")
-    if args.token_file and not args.url:
-        raise UserError("serve-check: --token-file goes with --url (RUN names its own token file)")
-    check, source = check_endpoint(run=args.run, url=args.url, model=args.model, checkpoint=args.checkpoint, tol=args.tol,
-                                   token_file=args.token_file)
-    if args.format == "json":
-        print(json.dumps({**check.to_json(), "fingerprint": source}))
-    else:
-        print(f"{check.summary()} [fingerprint: {source}]")
-    return 0 if check.passed else 1

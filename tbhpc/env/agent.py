@@ -1,5 +1,7 @@
-"""The policy interface: a policy opens one session per episode; a session turns the message
-history (OpenAI chat format) plus the tool schemas into raw model text.
+"""What the episode loop asks of the agent: a policy opens one session per episode; a session
+turns the message history (OpenAI chat format) plus the tool schemas into raw model text. The
+policies (tbhpc/policy) implement it; the interface lives with the loop that drives it, so the
+environments need no policy code.
 
 Why sessions: scripted policies keep per-episode state (the oracle's position in the golden
 trajectory) and model policies may keep a per-episode token buffer; a policy object itself is
@@ -31,9 +33,3 @@ class Policy(Protocol):
     def session(self, task: Task, seed: int = 0) -> PolicySession:
         """One episode. `seed` differs per attempt so repeats of a task sample differently."""
         ...
-
-
-def chat_messages(messages: list[dict]) -> list[dict]:
-    """History as an OpenAI-compatible server expects it (our bookkeeping keys removed)."""
-    keep = ("role", "content", "tool_calls", "tool_call_id", "name")
-    return [{k: m[k] for k in keep if k in m} for m in messages]

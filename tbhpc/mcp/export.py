@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from tbhpc.domains import get_domain
 from tbhpc.tasks.schema import Task
 
 PREFIX = "tbhpc_"
@@ -27,7 +28,6 @@ def scenario_name(domain: str) -> str:
 
 
 def render_scenario(domain: str) -> str:
-    from tbhpc.domains import get_domain
     dom = get_domain(domain)
     sc = dom.scenario
     doc = {"world_state": {domain: {"sources": None}},

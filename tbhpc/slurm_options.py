@@ -1,5 +1,10 @@
-"""What a campaign asks Slurm for. Execution settings only: they never change a campaign's
-identity, so a campaign can move between local, Slurm and MPI execution and resume."""
+"""What a job asks Slurm for (`SlurmOptions`) and the environment it exports (`check_env`).
+
+Execution settings only: they never change a campaign's identity, so a campaign can move between
+local, Slurm and MPI execution and resume. Why at the bottom of the package, not in `launch`:
+the campaign, serve and train configs each hold a `slurm` section and check it when they load,
+while `launch` (which renders and submits the jobs) sits above all three.
+"""
 from __future__ import annotations
 
 import math
@@ -9,6 +14,7 @@ from dataclasses import dataclass, field
 
 from tbhpc.errors import UserError
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or no limit
 _TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}|\d+-\d{1,2}:\d{1,2}:\d{1,2})$")
 _MEM = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)     # sbatch --mem: megabytes, or a K/M/G/T suffix
@@ -23,6 +29,21 @@ def check_slurm_time(value, where: str) -> None:
 def check_slurm_mem(value, where: str) -> None:
     if value is not None and not (isinstance(value, str) and _MEM.match(value.strip())):
         raise UserError(f"{where}: {value!r} is not a Slurm memory size (e.g. 2G, 500M, 4096)")
+
+
+def check_env(env, where: str) -> dict[str, str]:
+    """A job's extra environment (NCCL/InfiniBand settings and alike) as {NAME: value}; one line
+    naming the entry unless each name is a shell variable name and each value one line of text."""
+    if not isinstance(env, dict):
+        raise UserError(f"{where}: expected a mapping NAME: value, got {type(env).__name__}")
+    out = {}
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise UserError(f"{where}: {name!r} is not an environment variable name")
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)) or any(c in str(value) for c in "\n\r\0"):
+            raise UserError(f"{where}: {name}: the value must be one line of text or a number, got {value!r}")
+        out[name] = str(value)
+    return out
 
 
 @dataclass

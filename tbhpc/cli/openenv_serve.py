@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import sys
 
+from tbhpc.cli.options import add_agent_flags
 from tbhpc.errors import UserError
 
 
-def add_parsers(sub) -> None:
+def add_parser(sub) -> None:
     p = sub.add_parser("openenv-serve", help="serve a pack's tasks as an OpenEnv environment (reset/step/state, MCP tools)")
+    p.set_defaults(func=run)
     p.add_argument("pack", help="pack file/dir, a bundled pack name, or tb:DIR (a ThinkingBox data checkout)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -15,10 +17,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--tasks", default=None, help="file of task ids to serve (default: every task of the pack)")
     p.add_argument("--max-sessions", type=int, default=64, help="concurrent sessions (one attempt each)")
     p.add_argument("--tool-timeout", type=float, default=10.0, help="seconds per tool call before a system error")
-    p.add_argument("--user", choices=("scripted", "openai"), default="scripted")
-    p.add_argument("--user-url"), p.add_argument("--user-model", default="default")
-    p.add_argument("--judge", choices=("keyword", "openai"), default="keyword")
-    p.add_argument("--judge-url"), p.add_argument("--judge-model", default="default")
+    add_agent_flags(p, policy=False)
 
 
 def run(args) -> int:

@@ -3,18 +3,29 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
-from tbhpc.agents import build_judge, build_user
-from tbhpc.env.episode import run_episode
-from tbhpc.env.registry import Environments
-from tbhpc.errors import PackError
-from tbhpc.policy import make_policy
-from tbhpc.tasks.loader import load_pack, resolve_pack
-from tbhpc.tb.dataset import TBDataset, is_tb_source
+from tbhpc.cli.options import add_agent_flags, policy_options
 
 
-def run(args, policy_opts: dict) -> int:
+def add_parser(sub) -> None:
+    p = sub.add_parser("episode", help="run one episode and print its transcript and grade")
+    p.set_defaults(func=run)
+    p.add_argument("--task", required=True)
+    p.add_argument("--pack", default=None, help="pack file/dir, or tb:DIR (a ThinkingBox data checkout)")
+    p.add_argument("--servers", default=None, help="servers file for MCP tool servers (tb: sources)")
+    add_agent_flags(p)
+    p.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def run(args) -> int:
+    policy_opts = policy_options(args.opt)     # a bad --opt: one line before anything loads
+    from tbhpc.agents import build_judge, build_user
+    from tbhpc.env.episode import run_episode
+    from tbhpc.env.registry import Environments
+    from tbhpc.errors import PackError
+    from tbhpc.policy import make_policy
+    from tbhpc.tasks.loader import load_pack, resolve_pack
+    from tbhpc.tb.dataset import TBDataset, is_tb_source
     if is_tb_source(args.pack):
         task = TBDataset(args.pack).tasks([args.task])[0]
     else:

@@ -1,0 +1,98 @@
+"""One row per training step: summed over the ranks (`step_row`), then recorded, merged into
+results.duckdb, printed and plotted (`StepLog`, rank 0).
+
+Why apart from the loop: the loop decides what a step does; what is written about it (the
+train_steps row, the attempts merged in after it, the console line, the TensorBoard scalars)
+is the run record's business (record.py holds the tables).
+"""
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+
+from tbhpc.errors import UserError
+from tbhpc.store.merge import merge
+from tbhpc.store.run_dir import RunDir
+from tbhpc.train.config import TrainConfig
+from tbhpc.train.queue import DROPPED, FLAT, MIXED
+from tbhpc.train.record import record_step, step_line, version_of
+
+
+def _utc(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).replace(tzinfo=None).isoformat(sep=" ")
+
+
+def step_row(cfg: TrainConfig, world: int, step: int, outcomes, cutoff: int, stats, timings: dict,
+             stamps: dict) -> dict:
+    """The step's train_steps row from every rank's outcomes and update stats (collective: every
+    rank calls it; the times and stamps are this rank's)."""
+    import torch.distributed as dist     # here: `tbhpc train` sets the OpenMP policy before torch loads (engine.py)
+    mine = [g for g in outcomes if g.index <= cutoff]
+    local = {
+        "drawn": len(mine), "kept": sum(g.status == MIXED for g in mine), "flat": sum(g.status == FLAT for g in mine),
+        "dropped": sum(g.status == DROPPED for g in mine), "surplus": sum(g.index > cutoff for g in outcomes),
+        "reruns": sum(g.reruns for g in outcomes),
+        "reward_sum": sum(r.episode.reward for g in mine for r in g.rollouts),
+        "kept_reward_sum": sum(r.episode.reward for g in mine if g.status == MIXED for r in g.rollouts),
+        "episodes": sum(len(g.rollouts) for g in mine), "kept_episodes": sum(len(g.rollouts) for g in mine if g.status == MIXED),
+        "tokens": stats.tokens, "loss_tokens": stats.loss_tokens, "micro_batches": stats.micro_batches,
+        "loss": stats.loss, "clip_tokens": stats.clip_fraction * stats.loss_tokens,
+        "truncated_tokens": stats.truncated * stats.loss_tokens,
+        "mismatch_tokens": stats.mismatch * stats.loss_tokens, "ratio_max": stats.ratio_max,
+        "entropy_tokens": stats.entropy * stats.loss_tokens, "peak_bytes": stats.peak_bytes,
+        "staleness": max((step - 1 - r.episode.policy_version for g in mine for r in g.rollouts), default=0),
+    }
+    parts = [local]
+    if world > 1:
+        parts = [None] * world
+        dist.all_gather_object(parts, local)
+    tot = {k: sum(p[k] for p in parts) for k in local if k not in ("ratio_max", "staleness", "peak_bytes")}
+    lt = tot["loss_tokens"] or 1
+    return {
+        "run": cfg.name, "step": step, "policy_version": version_of(step - 1), "world": world,
+        **{k: int(tot[k]) for k in ("drawn", "kept", "flat", "dropped", "surplus", "reruns", "episodes", "tokens",
+                                    "loss_tokens", "micro_batches")},
+        "mixed_share": tot["kept"] / max(tot["kept"] + tot["flat"], 1),
+        "reward_mean": tot["reward_sum"] / max(tot["episodes"], 1),
+        "kept_reward_mean": tot["kept_reward_sum"] / max(tot["kept_episodes"], 1),
+        "loss": tot["loss"], "grad_norm": stats.grad_norm, "clip_fraction": tot["clip_tokens"] / lt,
+        "mismatch": tot["mismatch_tokens"] / lt, "ratio_max": max(p["ratio_max"] for p in parts),
+        "policy_entropy": tot["entropy_tokens"] / lt, "peak_gb": max(p["peak_bytes"] for p in parts) / 1e9,
+        "staleness": max(p["staleness"] for p in parts), "normalize_std": cfg.normalize_std,
+        **{k: round(v, 4) for k, v in timings.items()},
+        "finished_at": _utc(time.time()),
+        "max_staleness": cfg.max_staleness, "truncated": tot["truncated_tokens"] / lt,
+        **{k: _utc(v) for k, v in stamps.items()},   # rank 0's clock (the timeline of `tbhpc report`)
+    }
+
+
+class StepLog:
+    """Rank 0's account of each step: the train_steps row (logs/train_steps.jsonl and results.duckdb),
+    the step's attempt shards merged into results.duckdb, the console line, and with `tensorboard`
+    the row's numbers as scalars in RUN/tensorboard."""
+
+    def __init__(self, run: RunDir, tensorboard: bool, log=print):
+        self.run, self.log = run, log
+        self.tb = _tensorboard(run) if tensorboard else None
+
+    def write(self, row: dict) -> None:
+        record_step(self.run, row)
+        merge(self.run)
+        self.log(step_line(row))
+        if self.tb is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self.tb.add_scalar(f"train/{k}", v, row["step"])
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _tensorboard(run: RunDir):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise UserError(f"train config: tensorboard=true needs the tensorboard package ({exc})") from None
+    return SummaryWriter(str(run.path / "tensorboard"))
