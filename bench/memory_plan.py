@@ -68,7 +68,8 @@ def step_section() -> list[tuple[dict, float, float]]:
 
 
 def fake_27b_section() -> None:
-    from tbhpc.plan.memory import head_phase, Layout, layer_saved, layer_work, read_shape
+    from tbhpc.plan.memory import head_phase, Layout, layer_saved, layer_work
+    from tbhpc.plan.shape import read_shape
     from tbhpc.train.config import TrainConfig
     from tbhpc.train.memcheck import fake_layer, fake_logprobs
     shape = read_shape(str(REPO / "jobs" / "models" / "qwen3-27b-class"))

@@ -12,7 +12,9 @@ import pytest
 
 from helpers import MACHINE_NOTES, cpu_class
 from tbhpc.errors import UserError
-from tbhpc.plan.memory import GB, Layout, ModelShape, layer_saved, layer_work, plan, read_shape, render
+from tbhpc.plan.memory import GB, Layout, layer_saved, layer_work, plan
+from tbhpc.plan.render import render
+from tbhpc.plan.shape import ModelShape, read_shape
 from tbhpc.train.config import TrainConfig
 
 REPO = Path(__file__).resolve().parent.parent

@@ -20,7 +20,8 @@ def run(args) -> int:
 
     from tbhpc.config import load_config
     from tbhpc.errors import UserError
-    from tbhpc.plan.memory import plan, render
+    from tbhpc.plan.memory import plan
+    from tbhpc.plan.render import render
     from tbhpc.train.config import TrainConfig
     cfg = load_config(TrainConfig, args.config, args.overrides)
     p = plan(cfg)

@@ -26,12 +26,12 @@ within 20% of them) and on fake tensors at 27B width (bench/memory_plan.py).
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tbhpc.errors import UserError
+from tbhpc.plan.shape import ModelShape, read_shape
 
 GB = 1e9
 RESERVE_GB = 3.0            # CUDA context (~0.6 GB), NCCL's channel buffers (~1 GB), cuBLAS workspaces
@@ -45,99 +45,6 @@ def zero_buffers(hidden: int) -> dict:
     h2 = int(hidden) ** 2
     return {"reduce_bucket_size": max(h2, 1_000_000), "stage3_prefetch_bucket_size": max(int(0.9 * h2), 1_000_000),
             "stage3_param_persistence_threshold": 10 * int(hidden), "stage3_max_live_parameters": 1_000_000_000}
-
-
-# ---- the model ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ModelShape:
-    """What the plan needs of a dense decoder-only model (Qwen2/3, Llama, Mistral and alike)."""
-    model_type: str
-    vocab: int
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    tied: bool
-    qk_norm: bool
-    attn_bias: bool
-
-    @classmethod
-    def from_config(cls, cfg: dict, source: str = "config.json") -> "ModelShape":
-        text = cfg.get("text_config") or cfg
-        for key in ("num_experts", "num_local_experts", "n_routed_experts"):
-            if (text.get(key) or 0) > 0:
-                raise UserError(f"{source}: field {key!r}: the memory plan covers dense models; mixture-of-experts is not planned")
-        need = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
-        missing = [k for k in need if not isinstance(text.get(k), int) or text.get(k) <= 0]
-        if missing:
-            raise UserError(f"{source}: field {missing[0]!r} is missing or not a positive integer")
-        heads = text["num_attention_heads"]
-        return cls(model_type=str(text.get("model_type") or cfg.get("model_type") or "?"), vocab=text["vocab_size"],
-                   hidden=text["hidden_size"], layers=text["num_hidden_layers"], heads=heads,
-                   kv_heads=int(text.get("num_key_value_heads") or heads),
-                   head_dim=int(text.get("head_dim") or text["hidden_size"] // heads),
-                   intermediate=text["intermediate_size"],
-                   tied=bool(cfg.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-                   qk_norm=str(text.get("model_type", "")).startswith("qwen3"),
-                   attn_bias=bool(text.get("attention_bias", str(text.get("model_type", "")) == "qwen2")))
-
-    @property
-    def q_width(self) -> int:
-        return self.heads * self.head_dim
-
-    @property
-    def kv_width(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    @property
-    def layer_params(self) -> int:
-        h = self.hidden
-        attn = h * self.q_width + 2 * h * self.kv_width + self.q_width * h
-        if self.attn_bias:
-            attn += self.q_width + 2 * self.kv_width
-        norms = 2 * h + (2 * self.head_dim if self.qk_norm else 0)
-        return attn + 3 * h * self.intermediate + norms
-
-    @property
-    def head_params(self) -> int:
-        return self.vocab * self.hidden
-
-    def projection(self, name: str) -> tuple[int, int]:
-        """(in, out) features of a decoder layer's linear layer, by its HF name."""
-        h, q, kv, m = self.hidden, self.q_width, self.kv_width, self.intermediate
-        dims = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, m), "up_proj": (h, m), "down_proj": (m, h)}
-        if name not in dims:
-            raise UserError(f"train config: field 'lora_targets': the plan knows the projections {', '.join(dims)}, "
-                            f"not {name!r}")
-        return dims[name]
-
-    def lora_layer_params(self, rank: int, targets: tuple[str, ...]) -> int:
-        """Adapter parameters of one layer: rank x (in + out) for each adapted projection."""
-        return sum(rank * sum(self.projection(t)) for t in targets)
-
-    @property
-    def params(self) -> int:
-        return self.layers * self.layer_params + self.head_params * (1 if self.tied else 2) + self.hidden
-
-
-def read_shape(model: str) -> ModelShape:
-    """The shape of the model a config names: a directory holding config.json (weights not needed)."""
-    if not model:
-        raise UserError("train config: field 'model' is required (an HF model directory; its config.json is enough "
-                        "for the plan)")
-    path = Path(model).expanduser() / "config.json"
-    if not path.is_file():
-        raise UserError(f"train config: field 'model': {path} not found (the plan reads the model's config.json)")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path}: cannot read it as JSON ({str(exc).splitlines()[0]})") from None
-    if not isinstance(doc, dict):
-        raise UserError(f"{path}: expected a JSON object")
-    return ModelShape.from_config(doc, str(path))
 
 
 # ---- the run's layout -----------------------------------------------------------------------------
@@ -497,49 +404,3 @@ def verdict(p: MemoryPlan) -> str:
                 f"{lay.host_bytes / GB:.0f}; the largest term is {big.name} ({big.bytes / GB:.1f} GB): change field "
                 f"'{big.field}'")
     return ""
-
-
-def render(p: MemoryPlan) -> str:
-    """The plan as text (pure: golden-tested)."""
-    s, lay = p.shape, p.layout
-    lines = [f"memory plan: {p.model or '(model)'}",
-             f"  model     {s.model_type}, {s.params / 1e9:.2f}B parameters: {s.layers} layers, hidden {s.hidden:,}, "
-             f"{s.heads}/{s.kv_heads} heads x {s.head_dim}, MLP {s.intermediate:,}, vocab {s.vocab:,}"
-             f"{', tied head' if s.tied else ''}",
-             f"  layout    {lay.nodes} node(s) x {lay.per_node} {'GPU' if lay.gpu else 'CPU rank'}(s) = {lay.ranks} ranks; "
-             f"sequence parallel {lay.sp}, data parallel {lay.dp}; ZeRO-{lay.zero}; "
-             f"{'bf16' if lay.dtype_bytes == 2 else 'fp32'}; attention {lay.attention}"
-             + (" (assumes flash-attn on the nodes)" if lay.gpu and lay.attention == "flash" else ""),
-             f"  options   checkpointing {'offloaded' if lay.checkpoint_offload else 'on' if lay.checkpointing else 'off'}, "
-             f"tiled MLP {'on' if lay.tiled_mlp else 'off'}, optimizer offload {'on' if lay.offload_optimizer else 'off'}, "
-             f"parameter offload {'on' if lay.offload_params else 'off'}, logprob chunk {lay.chunk:,}",
-             f"  worst micro-batch: {p.tokens:,} tokens ({math.ceil(p.tokens / lay.sp):,} on each rank of an SP group)",
-             f"  per {'GPU' if lay.gpu else 'rank'}, at the peak ({p.phase}):"]
-    for t in p.terms:
-        lines.append(f"    {t.name:<18} {t.bytes / GB:8.2f} GB  {t.note}")
-    if math.isfinite(lay.memory_bytes):
-        lines.append(f"    {'total':<18} {p.total / GB:8.2f} GB  of {lay.memory_bytes / GB:.0f} GB: headroom "
-                     f"{(lay.memory_bytes - p.total) / GB:.2f} GB")
-    else:
-        lines.append(f"    {'total':<18} {p.total / GB:8.2f} GB  (CPU ranks: give host_memory_gb to check it)")
-    if p.host_terms:
-        lines.append("  host memory per node:")
-        for t in p.host_terms:
-            lines.append(f"    {t.name:<18} {t.bytes / GB:8.2f} GB  {t.note}")
-        lines.append(f"    {'total':<18} {p.host_total / GB:8.2f} GB"
-                     + (f"  of {lay.host_bytes / GB:.0f} GB" if lay.host_bytes else ""))
-    if p.longest_episode:
-        lines.append(f"  longest episode that fits: {p.longest_episode:,} tokens")
-    if p.packed_total and lay.max_context > lay.microbatch_tokens:
-        lines.append(f"  a packed micro-batch of microbatch_tokens {lay.microbatch_tokens:,}: {p.packed_total / GB:.2f} GB")
-    if lay.gpu:
-        from tbhpc.plan.sync import predict, predict_adapter, render as render_sync
-        served = s.params * 2                   # vLLM serves bf16
-        plans = predict(served, lay.nodes, lay.ranks)
-        if lay.lora_rank:                       # the adapter in fp32 (serve/adapter.py)
-            plans += (predict_adapter(s.layers * s.lora_layer_params(lay.lora_rank, lay.lora_targets) * 4),)
-        lines += render_sync(served, plans, p.sync_transport)
-    if p.smallest:
-        lines.append(f"  smallest layout for the trainer: {p.smallest}")
-    lines.append(f"  verdict: {'fits' if p.fits else p.problem}")
-    return "\n".join(lines)

@@ -230,7 +230,7 @@ def _activation_peak_mode(tracker):
 
 
 def fake_layer(shape, tokens: int, dtype: str = "bfloat16", checkpoint: bool = True) -> dict:
-    """One Qwen3 decoder layer of `shape` (plan.memory.ModelShape) on `tokens` tokens, on fake tensors: the
+    """One Qwen3 decoder layer of `shape` (plan.shape.ModelShape) on `tokens` tokens, on fake tensors: the
     activation bytes per token it holds after its forward (its output included) and at the peak of its
     backward (the recompute under checkpointing, and the gradients)."""
     import torch
