@@ -85,3 +85,17 @@ def test_the_demo_checks_its_train_section_before_the_first_stage(tmp_path: Path
     _one_line(_run(["demo", f"out={out}", "train.stpes=3"]), "train.stpes", "unknown field 'stpes'")
     _one_line(_run(["demo", f"out={out}", "train.lr=-1"]), "'lr'")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("override, needles", [
+    ("export_eval_overrides=[limt=50]", ("export_eval_overrides", "unknown field 'limt'")),
+    ("export_eval_overrides=[repeats=many]", ("'repeats'", "expected int")),
+    ("export_eval=jobs/nope.yaml", ("jobs/nope.yaml", "cannot read")),
+    ("export_eval=jobs/probe.yaml", ("kind: probe",)),
+])
+def test_the_eval_of_every_export_is_read_when_the_train_command_is(tmp_path: Path, override, needles):
+    # the export evals run detached, after each export: a typo there would be one log line per export
+    run = tmp_path / "run"
+    _one_line(_run(["train", str(run), "--config", "jobs/train.yaml", "pool=jobs/pools/smoke.yaml",
+                    "export_eval=jobs/eval.yaml", override]), *needles)
+    assert not run.exists()

@@ -99,3 +99,20 @@ def test_cli_reports_one_line_and_exit_code(tmp_path):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tbhpc: error: ") and "task t-1" in lines[0]
+
+
+@pytest.mark.parametrize("command", [["tasks", "list"], ["tasks", "show", "t-1"],
+                                     ["tasks", "export-tb", "--out", "OUT"], ["tasks", "validate"]])
+def test_every_command_that_reads_a_pack_checks_it_as_validate_does(tmp_path, command):
+    # a golden call to an unknown tool replays and plays alike, so the task would be scored a pass
+    path = _write(tmp_path, [_variant(golden={"tool_interactions": [{"tool": "nope", "parameters": {}}]})])
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in command] + [str(path)]
+    proc = subprocess.run([sys.executable, "-m", "tbhpc.cli", *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "task t-1" in lines[0] and "nope" in lines[0], lines
+    assert not (tmp_path / "out").exists()
+    good = _write(tmp_path, [GOOD], name="good.yaml")
+    ok = subprocess.run([sys.executable, "-m", "tbhpc.cli", *argv[:-1], str(good)], capture_output=True, text=True,
+                        timeout=120)
+    assert ok.returncode == 0, ok.stderr
