@@ -170,7 +170,7 @@ def warm_rank_rollouts(warm_dir, ids: list[str], tasks: dict, env_of):
     tok = AutoTokenizer.from_pretrained(warm_dir)
     model = AutoModelForCausalLM.from_pretrained(warm_dir, dtype=torch.float32).eval()
     policy = TokenPolicy(generator="local", max_tokens=48, response_budget=160)
-    policy._engine = (tok, LocalGenerator.for_tokenizer(model, tok))
+    policy.use(tok, LocalGenerator.for_tokenizer(model, tok))
     ctx = RolloutContext(ids, tasks, env_of, policy, ScriptedUser(), KeywordJudge(), group_size=2, seed=1,
                          max_reruns=1, episodes_in_flight=2)
     outcomes = run_rank_rollouts(ctx, DrawQueue(make_store(0, 1), step=1, need=1, cap=2), step=1, expected_version=0)

@@ -90,18 +90,19 @@ def test_table1_at_twenty_repeats_shows_pass_at_20_and_the_standard_pass_hat_ks(
 
 
 def test_a_sample_of_each_split_spans_every_domain_and_stays_in_its_split(tmp_path):
-    from tbhpc.campaign.config import CampaignConfig, select_tasks
+    from tbhpc.campaign.config import campaign_tasks
     from tbhpc.demo.config import DemoConfig
     from tbhpc.demo.pipeline import campaign, sample_file
     from tbhpc.errors import UserError
+    from tbhpc.tasks.select import select_tasks
     cfg = DemoConfig(out=str(tmp_path / "demo"), sample=24, pack="full")
     for split in ("train", "eval"):
-        whole = [t.id for t in select_tasks(CampaignConfig(split=split))]
+        whole = [t.id for t in select_tasks(split=split)]
         ids = sample_file(cfg, split).read_text().split()
         assert len(ids) == len(set(ids)) == 24 and set(ids) <= set(whole)
         assert ids == sorted(ids, key=whole.index)                       # evenly spaced, in the split's order
         assert {i.split("-")[0] for i in ids} == {i.split("-")[0] for i in whole}   # every domain
-        tasks = select_tasks(campaign(cfg, "x", "eval", split, 1, "m"))
+        tasks = campaign_tasks(campaign(cfg, "x", "eval", split, 1, "m"))
         assert [t.id for t in tasks] == ids and {t.split for t in tasks} == {split}
     (tmp_path / "demo" / "sample-eval.txt").write_text("eval-task\n")     # written once: a resumed demo keeps its sample
     assert sample_file(cfg, "eval").read_text() == "eval-task\n"

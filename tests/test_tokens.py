@@ -82,7 +82,7 @@ def test_prefix_property_is_checked(tiny_dir, tasks_by_id, template, breaks):
     tok, _ = policy.load()
     tok.chat_template = template
     say = "<think>I should look the order up first.</think>Could you give me your order number?"
-    policy._engine = (tok, FixedGenerator([tok.encode(say), tok.encode("<think>done</think>Thanks!")], tok.eos_token_id))
+    policy.use(tok, FixedGenerator([tok.encode(say), tok.encode("<think>done</think>Thanks!")], tok.eos_token_id))
     res = run_episode(task, get_domain("retail"), policy, ScriptedUser(), seed=0)
     tr = policy.pop_trace(task.id, 0)
     assert res.agent_turns == 2 and tr.turn_versions == ["step-000003"] * 2
@@ -103,7 +103,7 @@ def test_a_template_that_drops_reasoning_splits_the_episode_into_samples(tiny_di
     tok, _ = policy.load()
     tok.chat_template = DROPS_REASONING
     first = tok.encode("<think>I should look the order up first.</think>Could you give me your order number?")
-    policy._engine = (tok, FixedGenerator([first, tok.encode("<think>done</think>Thanks!")], tok.eos_token_id))
+    policy.use(tok, FixedGenerator([first, tok.encode("<think>done</think>Thanks!")], tok.eos_token_id))
     res = run_episode(task, get_domain("retail"), policy, ScriptedUser(), seed=0)
     tr = policy.pop_trace(task.id, 0)
     tr.verify(res.messages)                                   # the last sample is prefix-stable
@@ -113,7 +113,7 @@ def test_a_template_that_drops_reasoning_splits_the_episode_into_samples(tiny_di
     assert "I should look the order up first." not in second and second.count("<think>") == 1   # dropped, as the template does
     assert tok.decode([t for t, m in zip(t2, m2) if m]).startswith("<think>done</think>Thanks!")
     assert all(lp == 0.0 for lp, m in zip(lp2, m2) if not m)
-    policy._engine = (tok, FixedGenerator([first, tok.encode("<think>done</think>Thanks!")], tok.eos_token_id))
+    policy.use(tok, FixedGenerator([first, tok.encode("<think>done</think>Thanks!")], tok.eos_token_id))
     rolled = collect_group(task, get_domain("retail"), policy, ScriptedUser(), None, group=0, n=1)
     assert len(rolled[0].samples) == 2 and {s.reward for s in rolled[0].samples} == {rolled[0].episode.reward}
 

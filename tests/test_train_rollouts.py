@@ -52,7 +52,7 @@ def _ctx(engine, tasks_by_id, fail=lambda seed: False, max_reruns=2):
     tok, gen = engine
     policy = TokenPolicy(generator="local", max_tokens=48, response_budget=160)
     broken = Breaking(gen, fail)
-    policy._engine = (tok, broken)
+    policy.use(tok, broken)
     ctx = RolloutContext(POOL, {i: tasks_by_id[i] for i in POOL}, lambda t: get_domain(t.domain), policy, ScriptedUser(), KeywordJudge(),
                          group_size=4, seed=5, max_reruns=max_reruns, episodes_in_flight=8)
     return ctx, broken

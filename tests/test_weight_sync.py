@@ -423,3 +423,25 @@ def test_a_wait_for_a_broadcast_version_fails_at_once_when_the_server_restarted_
     with pytest.raises(EndpointError, match="restarted after step-000003 was broadcast into it and serves step-000002"):
         wait_for_version(tmp_path, "step-000003", timeout_s=60, poll_s=0.05)
     assert time.monotonic() - t0 < 5
+
+
+def test_a_sync_that_fails_while_the_job_is_ending_is_abandoned_not_refused(tmp_path, monkeypatch):
+    """scancel reaches vLLM and the supervisor together (a run's end cancels its serving job while the
+    last step's sync may still run): the failed load says nothing about the weights, so nothing is
+    recorded as refused and no fresh server is started; before the signal, the same failure is refused."""
+    for ending in (True, False):
+        run = tmp_path / ("ending" if ending else "running")
+        s, servers = _supervisor(run, monkeypatch, lora_rank=4)
+
+        def gone(path, version):
+            raise EndpointError("http://fake/v1/completions failed after 3 attempts: Connection refused")
+        monkeypatch.setattr(servers[0], "load_adapter", gone)
+        if ending:
+            s.stop_event.set()
+        _publish(run, 1, weights="adapter")
+        entry = s.sync_if_new()
+        if ending:
+            assert entry == {"version": "step-000001", "abandoned": True} and len(servers) == 1
+            assert read_syncs(run) == [] and read_endpoint(run).version == "base"
+        else:
+            assert entry["attempts"][0]["error"].startswith("loading the adapter failed") and len(servers) == 2

@@ -212,6 +212,8 @@ class Supervisor:
                 entry["reload"] = {k: report[k] for k in ("refreshed", "reload_s", "refresh_s") if k in report}
                 check = self.verify(pub, previous)
             except SyncRefused as exc:
+                if self.stop_event.is_set():
+                    return self._abandon(pub)
                 if self.cfg.on_mismatch == "refuse":
                     entry.update(mode=mode, sync_s=round(time.time() - t0, 4))
                     return self._refuse(pub, exc, entry, previous)
@@ -223,9 +225,8 @@ class Supervisor:
                 entry["attempts"].append({"mode": "reload", "error": f"{type(exc).__name__}: {exc}"})
                 self.log(f"serve: in-place reload failed ({type(exc).__name__}: {exc}); restarting instead")
                 mode = "restart"
-        if mode == "restart" and self.stop_event.is_set():   # Slurm is ending the job (it may have hit vLLM
-            self.log(f"serve: stopping; the sync of {pub.version} is abandoned")   # first): no minute-long restart
-            return {"version": pub.version, "abandoned": True}
+        if mode == "restart" and self.stop_event.is_set():
+            return self._abandon(pub)
         if mode == "restart":
             self.server.stop()
             self._launch(str(pub.path), port=self.endpoint.port)
@@ -267,9 +268,18 @@ class Supervisor:
                 refusal = SyncRefused(f"loading the adapter failed ({type(exc).__name__}: {exc})")
             else:
                 return self._accept(pub, previous, check, mode, t0, entry)
+            if self.stop_event.is_set():
+                return self._abandon(pub)
             entry["attempts"].append({"mode": mode, "error": str(refusal)})
         entry.update(mode=tried, sync_s=round(time.time() - t0, 4))
         return self._refuse(pub, refusal, entry, previous)
+
+    def _abandon(self, pub: Published) -> dict:
+        """Slurm is ending the job, and its SIGTERM may have reached vLLM first (the end of a run
+        cancels its serving job while the last step's sync may still run): a sync that fails now says
+        nothing about the weights, so it is abandoned, neither recorded as refused nor restarted."""
+        self.log(f"serve: stopping; the sync of {pub.version} is abandoned")
+        return {"version": pub.version, "abandoned": True}
 
     def _expect(self, pub: Published) -> None:
         """A LoRA server takes adapters, any other server full checkpoints: the other kind is refused."""
