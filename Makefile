@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: browser env env-demo env-vllm env-openenv model-smollm2 test demo bench clean tasks graph slurm-up slurm-down train warmstart warmstart-demo warmstart-plateau
+.PHONY: browser env env-demo env-vllm env-openenv model-smollm2 test demo bench clean tasks graph docs docs-serve slurm-up slurm-down train warmstart warmstart-demo warmstart-plateau
 
 NODES   ?= 3
 WARM    := build/models/tiny-warm
@@ -140,6 +140,14 @@ train: env env-vllm $(WARM)/config.json
 # Regenerate the bundled task pack (deterministic: same seed, same bytes).
 tasks: env
 	$(VENV)/bin/tbhpc tasks generate --out tbhpc/data/packs/default
+
+# The documentation site (mkdocs.yml): strict, so a broken link or anchor fails; the Reference pages
+# are generated from the parsers and config dataclasses at build time (docs/reference.py).
+docs: env
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
+
+docs-serve: env
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict --dev-addr 127.0.0.1:8001
 
 # The import graph of tbhpc/ (docs/architecture.md): counts on stdout, the picture in docs/
 graph: env

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -148,3 +149,25 @@ def pytest_terminal_summary(terminalreporter):
     lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else list(MACHINE_NOTES)
     for note in dict.fromkeys(lines):
         terminalreporter.write_line(f"machine: {note}")
+
+
+# Headless Debian Chromium for the tests that open pages (the failure browser, the docs site).
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not (CHROMIUM and DRIVER):
+        if os.environ.get("TBHPC_REQUIRE_BROWSER"):
+            pytest.fail("TBHPC_REQUIRE_BROWSER is set but chromium/chromedriver are missing (env/setup-browser.sh)")
+        pytest.skip("no chromium + chromedriver (bash env/setup-browser.sh)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})     # console messages, for pages that must have none
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        opts.add_argument(arg)
+    drv = webdriver.Chrome(service=Service(DRIVER), options=opts)
+    yield drv
+    drv.quit()

@@ -10,30 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from tbhpc.campaign.config import CampaignConfig
 from tbhpc.campaign.runner import run_campaign
-
-CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not (CHROMIUM and DRIVER):
-        if os.environ.get("TBHPC_REQUIRE_BROWSER"):
-            pytest.fail("TBHPC_REQUIRE_BROWSER is set but chromium/chromedriver are missing (env/setup-browser.sh)")
-        pytest.skip("no chromium + chromedriver (bash env/setup-browser.sh)")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-        opts.add_argument(arg)
-    drv = webdriver.Chrome(service=Service(DRIVER), options=opts)
-    yield drv
-    drv.quit()
-
 
 def test_the_failure_browser_sorts_opens_a_task_and_shows_transcripts_side_by_side(tmp_path, browser):
     from selenium.webdriver.common.by import By

@@ -6,7 +6,7 @@ and a second run resumes every stage without running anything again.
 
 The warm start is the tiny plumbing model (`make warmstart`: it solves the smoke pool's lookup
 tasks some of the time, so the probe has mixed tasks to select), not the demo model: this test
-proves the pipeline and its bookkeeping, the README's measured run proves the learning."""
+proves the pipeline and its bookkeeping, the measured runs in docs/demo.md prove the learning."""
 import json
 import os
 import subprocess

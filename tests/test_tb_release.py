@@ -4,7 +4,7 @@ release's, rubric tasks without keywords, and a server package with the real one
 (an unpinned framework whose newest major removed a module, seed data left out of a plain
 install). Each case: the exit status and the exact one-line message. The server package is
 installed into real virtual environments with pip (offline: the fixture's wheels), following
-the README's recipe, and run as real MCP server processes."""
+the recipe of docs/guides/thinkingbox.md, and run as real MCP server processes."""
 from __future__ import annotations
 
 import json
@@ -26,7 +26,7 @@ def tbhpc(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def install(root: Path, venv: Path, *pip_args: str) -> Path:
-    """The README's recipe (a venv of its own, pip install, a servers file naming its python), with
+    """The recipe of docs/guides/thinkingbox.md (a venv of its own, pip install, a servers file naming its python), with
     --no-index --find-links added only because the fixture's framework wheels are local files."""
     subprocess.run(["python3", "-m", "venv", str(venv)], check=True, timeout=120)
     subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links", str(root / "wheels"),
@@ -43,7 +43,7 @@ def checkout(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def good_servers(checkout, tmp_path_factory) -> Path:
-    """Installed as the README says: editable, with the framework's working major pinned."""
+    """Installed as docs/guides/thinkingbox.md says: editable, with the framework's working major pinned."""
     pkg = checkout / "servers" / "shop_servers"
     return install(checkout, tmp_path_factory.mktemp("envs") / "tb-servers", "-e", str(pkg), "fixmcp>=3,<4")
 

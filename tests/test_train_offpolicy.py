@@ -5,7 +5,7 @@ writes the same rollout rows as one that was not (what "determinism" means once 
 update overlap: the generator samples step s from exactly step s-2's published weights).
 
 The server path (a vLLM job alongside, newest verified version) is measured by `make train
-CONFIG=jobs/train-offpolicy.yaml` on the local cluster (README, "One step off-policy").
+CONFIG=jobs/train-offpolicy.yaml` on the local cluster (docs/guides/training.md, "One step off-policy").
 """
 import os
 import signal

@@ -49,8 +49,8 @@ from helpers import MACHINE_NOTES, cpu_class, token_leaks
 
 pytestmark = pytest.mark.slow
 SERVE_OPTS = ["device=cpu", "kv_cache_gb=1", "max_model_len=8192", "tool_call_parser=hermes", "poll_s=0.2"]
-LOGPROB_ATOL = 1e-2   # vLLM-CPU (default dtype) vs transformers fp32; measured max 3.7e-3, mean 8e-4 (README)
-FP32_ATOL = 1e-3      # vLLM-CPU in fp32 vs transformers fp32; measured max 1e-6 (README)
+LOGPROB_ATOL = 1e-2   # vLLM-CPU (default dtype) vs transformers fp32; measured max 3.7e-3, mean 8e-4 (docs/guides/serving.md)
+FP32_ATOL = 1e-3      # vLLM-CPU in fp32 vs transformers fp32; measured max 1e-6 (docs/guides/serving.md)
 PACKED = {"onednn", "sgl", "zentorch"}   # kernel paths that hold their own copy of the weights
 
 

@@ -34,7 +34,7 @@ from tbhpc.tasks.select import select_tasks
 # The demo's GRPO run: the recipe's shape (groups of 8, zero-variance replacement, token mean, no
 # KL) on a budget a 2-core machine finishes in ~17 minutes. lr 5e-5: at 2e-4 the demo model's
 # samples got noisier every step (mean NLL of its own tokens 0.16 -> 0.39 in 9 steps) and its
-# reward fell below the probe's; at 5e-5 it holds (README, "What GRPO did to the demo model").
+# reward fell below the probe's; at 5e-5 it holds (docs/measurements/demo-history.md, "What GRPO did to the demo model").
 # Any field can be overridden: train.lr=...
 TRAIN_DEFAULTS = dict(steps=24, group_size=8, groups_per_step=4, max_draws=16, lr=5e-5, generator="batched",
                       episodes_in_flight=32, zero_stage=3, microbatch_tokens=8192, torch_threads=2,

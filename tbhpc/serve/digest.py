@@ -8,7 +8,7 @@ weights not at all, so a server that never reloaded (or reloaded half a model) p
 digest has no tolerance: every tensor the server holds, cast to the dtype it computes in, equals
 bit for bit the tensor the trainer published, or the sync is refused naming the first tensor that
 differs. The probe stays, for what a digest cannot see: a kernel, dtype or layout that computes
-something else from the right weights (README: what each check proves).
+something else from the right weights (docs/guides/serving.md: what each check proves).
 
 Digest definition: `vllm_ext/tbhpc_digest.py` (one implementation, imported by both sides).
 """

@@ -11,7 +11,7 @@ checkpoint's tokenizer (a chat turn with a tool call), so it exercises the layer
 
 The comparison is the mean |Δ logprob| over the probe tokens (max reported too): serving in bf16
 against an fp32 fingerprint moves single low-probability tokens, not the mean, while a wrong
-layer or a stale copy moves every token. Tolerances: `default_tol(dtype)`, measured in README.
+layer or a stale copy moves every token. Tolerances: `default_tol(dtype)`, measured in docs/guides/serving.md.
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ PROBE_TEXT = (
     "return the bookshelf from order O2067, I changed my mind. My email is jonas.petrov21@example.com."
     "<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"find_customer\", \"arguments\": "
     "{\"email\": \"jonas.petrov21@example.com\"}}\n</tool_call><|im_end|>\n")
-PROBE_MAX_TOKENS = 64         # one prefill of this many tokens per check (README: cost)
-# mean |Δ logprob| a faithful server stays under, by the dtype it computes in (README: measured
+PROBE_MAX_TOKENS = 64         # one prefill of this many tokens per check (docs/guides/serving.md: cost)
+# mean |Δ logprob| a faithful server stays under, by the dtype it computes in (docs/guides/serving.md: measured
 # noise floors vs an fp32 fingerprint, with margin); a wrong or stale layer is far above both.
 TOLERANCE = {"float32": 1e-3, "bfloat16": 0.1, "float16": 0.1}
 

@@ -1,6 +1,6 @@
 """How a running server is checked against the checkpoint it claims to serve, and `tbhpc serve-check`.
 
-Two checks, each for what it can prove (README: what each check proves):
+Two checks, each for what it can prove (docs/guides/serving.md: what each check proves):
 - identity: the digests of every tensor the server holds (parameters and packed kernel copies,
   in the dtype it computes in) equal, bit for bit, the digests the publisher wrote (digest.py);
 - function: the checkpoint's probe scored through the server is within the dtype's tolerance

@@ -22,7 +22,7 @@ if TYPE_CHECKING:   # the config calls these from its own methods
 # (verl's name). Why offer the second: under token-mean a group whose failures are longer than its
 # successes pushes the total logprob of what was sampled down (sum of advantage x tokens < 0: so
 # on 21 of the 24 steps of the demo run); seq-mean removes that push. It did not by itself keep the
-# demo model from degrading at a too-large lr (README, "What GRPO did to the demo model").
+# demo model from degrading at a too-large lr (docs/measurements/demo-history.md, "What GRPO did to the demo model").
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean")
 ALGORITHMS = ("grpo", "rft")
 

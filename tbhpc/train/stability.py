@@ -4,7 +4,7 @@ object, so each rule is tested alone; the loop (loop.py) only calls them.
 
 Why: under a token-mean loss a long failing episode weighs by its length. In the demo, once a few
 episodes rambled to the response budget, pushing their many tokens down flattened the policy and
-more of them rambled: reward 0.5-0.8 for 90 steps, then 0.03 within ten (README, "The demo
+more of them rambled: reward 0.5-0.8 for 90 steps, then 0.03 within ten (docs/measurements/demo-history.md, "The demo
 pack"). The peers' tools for this, each a TrainConfig field, off by default:
 
 - overlong filtering (DAPO): an episode cut off by the response budget keeps its place in the

@@ -4,7 +4,7 @@
 Why a second set of domains and not a smaller full pack: a full-pack episode is ~1,600 tokens
 with ~13 real choices and a manual to search; a model of a million parameters trained for minutes
 cannot assign credit over that, and 2 cores cannot buy the ~270 groups per step that would average
-the noise out (README, "What GRPO did to the demo model"). Here the rules are stated in the system
+the noise out (docs/measurements/demo-history.md, "What GRPO did to the demo model"). Here the rules are stated in the system
 prompt, each domain has at most six tools whose outputs are a handful of fields, and every task
 turns on one decision read from a tool (a status, a tier, a number of days, an amount against a
 limit). Same engine: tables, tools, backends, golden replay and grading are the full pack's.

@@ -1,0 +1,73 @@
+"""The documentation site cannot rot silently: it builds strictly (a broken link or anchor fails),
+its Reference pages come from the parsers and dataclasses (every command, every field), and no
+page or module points outside the repository."""
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+
+
+def _build(root: Path, site: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=root,
+                          capture_output=True, text=True, timeout=300, env=ENV)
+
+
+def test_the_site_builds_strictly_with_every_command_and_field(tmp_path):
+    out = _build(REPO, tmp_path / "site")
+    assert out.returncode == 0, out.stderr[-3000:]
+    from tbhpc.cli.main import build_parser
+    from tbhpc.train.config import TrainConfig
+    cli = (tmp_path / "site" / "reference" / "cli.html").read_text()
+    sub = next(a for a in build_parser()._actions if a.dest == "cmd")
+    assert [n for n in sub.choices if f"tbhpc {n}</code>" not in cli] == []
+    config = (tmp_path / "site" / "reference" / "config.html").read_text()
+    assert [f.name for f in dataclasses.fields(TrainConfig) if f"<code>{f.name}</code>" not in config] == []
+
+
+def test_a_broken_link_or_anchor_fails_the_build(tmp_path):
+    for name in ("mkdocs.yml", "docs"):
+        (shutil.copytree if name == "docs" else shutil.copy)(REPO / name, tmp_path / name)
+    page = tmp_path / "docs" / "getting-started" / "install.md"
+    text = page.read_text()
+    page.write_text(text + "\nSee [nowhere](no-such-page.md).\n")
+    bad = _build(tmp_path, tmp_path / "site")
+    assert bad.returncode != 0 and "no-such-page.md" in bad.stderr
+    page.write_text(text + "\nSee [the demo](demo.md#no-such-anchor).\n")
+    bad = _build(tmp_path, tmp_path / "site")
+    assert bad.returncode != 0 and "no-such-anchor" in bad.stderr
+
+
+def test_nothing_points_outside_the_repository():
+    files = [REPO / "README.md", *(REPO / "docs").rglob("*.md"), *(REPO / "tbhpc").rglob("*.py")]
+    outside = [f"{p.relative_to(REPO)}: {m}" for p in files for m in re.findall(r"\.\./shared\S*", p.read_text())]
+    assert outside == []
+
+
+def test_the_home_page_and_a_guide_render_without_console_errors(tmp_path, browser):
+    """The built site in headless Chromium over HTTP: the home page and a guide load their theme,
+    scripts and search index with no console error (no font or script fetched from the internet)."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+    from selenium.webdriver.common.by import By
+    assert _build(REPO, tmp_path / "site").returncode == 0
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(tmp_path / "site"))
+    handler.log_message = lambda *a: None
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        for page, heading in (("index.html", "tbhpc"), ("guides/campaigns.html", "Campaigns and the results SQL")):
+            browser.get_log("browser")                     # drop what earlier pages logged
+            browser.get(f"http://127.0.0.1:{server.server_address[1]}/{page}")
+            assert browser.find_element(By.TAG_NAME, "h1").text.strip() == heading
+            assert browser.find_elements(By.CSS_SELECTOR, "nav.md-nav"), page          # the theme's navigation rendered
+            errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
+            assert errors == [], (page, errors)
+    finally:
+        server.shutdown()
