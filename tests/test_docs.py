@@ -71,3 +71,14 @@ def test_the_home_page_and_a_guide_render_without_console_errors(tmp_path, brows
             assert errors == [], (page, errors)
     finally:
         server.shutdown()
+
+
+def test_every_config_field_says_what_it_is():
+    """The Reference's help column is the comment on each field's line: a new field without one fails here."""
+    import importlib
+    sys.path.insert(0, str(REPO / "docs"))
+    import reference
+    for _, module, name, _ in reference.CONFIGS:
+        cls = getattr(importlib.import_module(module), name)
+        helps = reference.field_comments(cls)
+        assert [f.name for f in dataclasses.fields(cls) if not helps.get(f.name)] == [], name

@@ -31,7 +31,7 @@ KIND_DEFAULTS = {
 
 @dataclass
 class CampaignConfig:
-    name: str = "eval"
+    name: str = "eval"                    # the campaign's name (its rows' campaign column)
     kind: str = "eval"                 # probe | eval
     pack: str | None = None            # pack file/dir; tb:DIR = a ThinkingBox data checkout; None = the bundled pack
     split: str = "eval"                # train | eval | all (built-in packs; a ThinkingBox source is selected by `tasks`)
@@ -39,20 +39,20 @@ class CampaignConfig:
     servers: str | None = None         # servers file for MCP tool servers (needed by tb: sources)
     environment: str = "local"         # local (tbhpc's backends) | openenv (every attempt on the OpenEnv environment below)
     openenv: dict[str, Any] = field(default_factory=dict)   # OpenEnvSpec: url | launch | uv_project, timeouts (execution only)
-    domains: list[str] = field(default_factory=list)
+    domains: list[str] = field(default_factory=list) # only these domains (empty: all)
     limit: int | None = None           # first N tasks after filtering (smoke runs)
-    repeats: int = 1
-    policy: str = "oracle"
-    policy_opts: dict[str, Any] = field(default_factory=dict)
+    repeats: int = 1                      # attempts per task (n)
+    policy: str = "oracle"                # oracle | noop | openai | hf | tokens
+    policy_opts: dict[str, Any] = field(default_factory=dict)  # the policy's options (tbhpc/policy; e.g. skill, base_url, endpoint, model_path)
     policy_id: str | None = None       # default: derived from policy and its options
     user: str = "scripted"             # scripted | openai
-    user_url: str | None = None
-    user_model: str = "default"
+    user_url: str | None = None           # the simulated user's OpenAI-compatible endpoint (user: openai)
+    user_model: str = "default"           # the simulated user's model name
     judge: str = "keyword"             # keyword | openai
-    judge_url: str | None = None
-    judge_model: str = "default"
+    judge_url: str | None = None          # the judge's OpenAI-compatible endpoint (judge: openai)
+    judge_model: str = "default"          # the judge's model name
     rubrics: str = "judge"             # judge | skip: grade yes/no rubrics, or not (recorded per attempt as rubrics_skipped)
-    seed: int = 0
+    seed: int = 0                         # seeds every attempt's sampling (attempt i of a task gets its own seed)
     workers: int | str = 1             # execution only; auto: by CPUs and backend (`auto_workers`)
     concurrency: int = 1               # episodes in flight per worker (threads; a batched generator serves them together;
                                        # the `hf` policy seeds torch's global RNG per call and is not meant for > 1)

@@ -22,7 +22,7 @@ from tbhpc.train.checks import check_fields, check_run_inputs
 
 @dataclass
 class TrainConfig:
-    name: str = "train"
+    name: str = "train"                   # the run's name: the campaign column of its attempt rows
     model: str = ""                       # HF directory of the initial policy (tokenizer + chat template inside)
     pool: str = ""                        # the `select` output (pool.yaml), or any task-id list
     exclude: list[str] = field(default_factory=list)   # id lists that must not appear in the pool (e.g. the eval split)
@@ -30,12 +30,12 @@ class TrainConfig:
     servers: str | None = None            # servers file for MCP tool servers (tb: packs)
     environment: str = "local"            # local (tbhpc's backends) | openenv (rollouts on the OpenEnv environment below)
     openenv: dict[str, Any] = field(default_factory=dict)   # OpenEnvSpec: url | launch | uv_project, timeouts
-    steps: int = 50
+    steps: int = 50                       # optimiser updates (the run ends after the last, or at max_seconds)
     max_seconds: float = 0.0              # a wall-time budget: the run ends after the step that reaches it (0: off)
-    seed: int = 0
+    seed: int = 0  # seeds the draws, the sampling and the engine: the same seed redraws the same groups
     # the batch: B informative groups of G episodes per step
-    group_size: int = 8
-    groups_per_step: int = 18
+    group_size: int = 8  # G: episodes per group (one task), whose rewards centre each other's advantage
+    groups_per_step: int = 18             # B: informative groups per update
     max_draws: int = 0                    # cap on groups drawn per step (replacement of zero-variance ones); 0 = 4 x B
     max_reruns: int = 3                   # system-error re-runs per episode before its group is dropped
     draw_ahead: int = -1                  # groups in flight beyond the B a step could still keep (-1: no bound)
@@ -43,9 +43,9 @@ class TrainConfig:
     # below refresh_below, tasks whose last groups (two or more) put them outside the pool's bands leave,
     # and as many candidates of refresh_pool join (refresh_size: that many instead). 0: the pool never changes
     refresh_below: float = 0.0
-    refresh_window: int = 10
+    refresh_window: int = 10              # steps over which the mixed-group share is measured
     refresh_pool: str = ""                # candidate task ids (a pool file or id list); empty: re-band only
-    refresh_size: int = 0
+    refresh_size: int = 0                 # candidates that join at a refresh (0: as many as left)
     # 0: on-policy, rollouts wait for the previous update. 1: one step off-policy, step s+1's rollouts are
     # generated (from the newest verified weights, at least step s-1's) while step s updates; older refused
     max_staleness: int = 0
@@ -57,23 +57,23 @@ class TrainConfig:
                                               # timeout is max_tokens / this + 60 s (request_timeout_s)
     # how the rollouts sample (the `sampling` property): flat, as configs and overrides have always spelt them
     temperature: float = 1.0
-    top_k: int = 20
-    top_p: float = 0.95
+    top_k: int = 20                       # sampling: top-k (0 or -1: off)
+    top_p: float = 0.95                   # sampling: nucleus mass
     max_tokens: int = 1024                # per generation
     response_budget: int = 8192           # generated tokens per episode
     max_context: int = 0                  # stop an episode whose prompt reaches this (0: no check)
     user: str = "scripted"                # scripted | openai (then user_url, user_model)
-    user_url: str | None = None
-    user_model: str = "default"
+    user_url: str | None = None           # the simulated user's OpenAI-compatible endpoint (user: openai)
+    user_model: str = "default"           # the simulated user's model name
     judge: str = "keyword"                # keyword | openai (then judge_url, judge_model)
-    judge_url: str | None = None
-    judge_model: str = "default"
+    judge_url: str | None = None          # the judge's OpenAI-compatible endpoint (judge: openai)
+    judge_model: str = "default"          # the judge's model name
     # the loss
     algorithm: str = "grpo"               # grpo | rft: fine-tune on the episodes whose check passed (train/rft.py)
-    normalize_std: bool = False
+    normalize_std: bool = False  # divide advantages by the group's reward std (off: the recipe's group-centred advantage)
     loss_agg: str = "token-mean"          # token-mean (the recipe) | seq-mean-token-mean (every episode weighs the same)
-    clip_low: float = 0.2
-    clip_high: float = 0.2
+    clip_low: float = 0.2                 # PPO clip below: ratio >= 1 - clip_low
+    clip_high: float = 0.2                # PPO clip above: ratio <= 1 + clip_high
     dual_clip: float = 3.0                # cap on the loss of negative-advantage tokens (0: off)
     tis_cap: float = 0.0                  # truncated IS (decoupled loss, grpo.py): weight min(pi/mu, cap); 0: off
     # stability (train/stability.py), all off by default
@@ -86,23 +86,23 @@ class TrainConfig:
     guard_window: int = 5                 # the reference: median of the first N steps (never judged themselves)
     guard_reference: list[float] = field(default_factory=list)   # or a given [tokens, entropy] (e.g. an earlier run's)
     guard_action: str = "rollback"        # rollback (the last good step's state, lr x guard_lr_factor) | stop
-    guard_lr_factor: float = 0.5
+    guard_lr_factor: float = 0.5          # lr multiplier after each rollback
     guard_max_rollbacks: int = 3          # then the next trip stops the run
     # the optimiser and engine
     lr: float = 1e-6
-    weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    grad_clip: float = 1.0
-    zero_stage: int = 3
+    weight_decay: float = 0.0             # AdamW weight decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999]) # AdamW betas
+    grad_clip: float = 1.0                # gradient-norm clip
+    zero_stage: int = 3  # DeepSpeed ZeRO stage (3 partitions parameters, gradients and optimiser state)
     dtype: str = "auto"                   # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute each layer's activations in the backward (memory for time)
     # LoRA (peft): rank 0 trains every parameter; > 0 freezes the base and trains low-rank adapters on the
     # `lora_targets` linear layers (only they are in the optimiser; docs/lora.md)
     lora_rank: int = 0
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                             "gate_proj", "up_proj", "down_proj"])
+    lora_alpha: float = 16.0              # LoRA scale alpha (the update is alpha / r x B A)
+    lora_dropout: float = 0.0             # dropout on the LoRA input
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",   # the linear
+                                                             "gate_proj", "up_proj", "down_proj"])   # layers adapted
     # what a LoRA step publishes: adapter (the adapter alone, in PEFT's format; the server loads it in
     # place over the base it serves) | merged (W + (alpha / r) B A under the base names, like a full run)
     lora_sync: str = "adapter"
@@ -130,7 +130,7 @@ class TrainConfig:
     # broadcast into the running server's workers (gloo on CPUs, NCCL on GPUs) that falls back to files
     # when the server does not join within sync_join_timeout_s (serve/broadcast.py)
     sync_transport: str = "files"
-    sync_join_timeout_s: float = 300.0
+    sync_join_timeout_s: float = 300.0    # broadcast: how long the server may take to join before files are used
     sync_bucket_mb: int = 256             # tensors per broadcast call, in MB of their bytes
     # how long a rank waits for its peers (train/watch.py): for one that finishes no work (a generation
     # request, an episode, a micro-batch) while the others wait after their rollouts, and in a collective
@@ -141,11 +141,12 @@ class TrainConfig:
     # how `tbhpc submit train` launches it
     nodes: int = 1
     gpus_per_node: int = 0                # 0: CPU nodes, one rank per node
-    serve_config: str = "jobs/serve.yaml"
+    serve_config: str = "jobs/serve.yaml" # the serving job's config (its fields overridden by `serve`)
     serve: dict[str, Any] = field(default_factory=dict)    # ServeConfig overrides for the serving job
     # exported in the trainer's and the serving job's scripts: NCCL / InfiniBand settings (NCCL_IB_HCA,
     # NCCL_SOCKET_IFNAME, NCCL_DEBUG, ...) that differ from cluster to cluster
     env: dict[str, str] = field(default_factory=dict)
+    # the trainer job's Slurm options (nodes and GPUs from the fields above)
     slurm: SlurmOptions = field(default_factory=lambda: SlurmOptions(time="24:00:00", mem="16G", cpus_per_task=2))
 
     def __post_init__(self) -> None:
