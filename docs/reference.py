@@ -131,7 +131,8 @@ def config_markdown() -> str:
         for f in dataclasses.fields(cls):
             if f.name.startswith("_"):
                 continue
-            lines.append(f"| `{f.name}` | `{_cell(_type_name(hints.get(f.name)))}` | {_cell(_field_default(f))} | "
+            kind = _type_name(hints.get(f.name)).replace(" | ", " or ")      # a | inside a code span breaks the table
+            lines.append(f"| `{f.name}` | `{_cell(kind)}` | {_cell(_field_default(f))} | "
                          f"{_cell(helps.get(f.name, ''))} |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
