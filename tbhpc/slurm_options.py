@@ -53,24 +53,24 @@ class SlurmOptions:
     qos: str | None = None                # sbatch --qos
     nice: int | None = None               # sbatch --nice
     time: str = "02:00:00"              # per array task
-    mem: str | None = "2G"                # sbatch --mem per array task (None: the partition's default)
-    cpus_per_task: int = 1                # sbatch --cpus-per-task
+    mem: str | None = "2G"              # sbatch --mem per array task (None: the partition's default)
+    cpus_per_task: int = 1              # sbatch --cpus-per-task
     gres: str | None = None             # e.g. gpu:1
     array_parallelism: int = 32         # the %P throttle: at most P array tasks run at once
     attempts_per_task: int = 0          # 0: sized from the two fields below
     attempt_seconds: float = 60.0       # expected seconds per attempt (LLM episodes: about a minute)
     target_task_minutes: float = 10.0   # array tasks should run minutes, not seconds
-    max_array_tasks: int = 1000           # never more array tasks than this (chunks grow instead)
+    max_array_tasks: int = 1000         # never more array tasks than this (chunks grow instead)
     flush_every: int = 8                # attempts per shard inside an array task
     signal_seconds: int = 120           # USR2 this long before the time limit: flush, requeue
     task_retries: int = 2               # resubmit array tasks that died without finishing their chunk
-    poll_seconds: float = 10.0            # the blocking executor's squeue interval
-    python: str = field(default_factory=lambda: sys.executable) # the Python the jobs run (the submitting one)
-    extra_sbatch: list[str] = field(default_factory=list) # more #SBATCH lines, as they are
+    poll_seconds: float = 10.0          # the blocking executor's squeue interval
+    python: str = field(default_factory=lambda: sys.executable)  # the Python the jobs run (the submitting one)
+    extra_sbatch: list[str] = field(default_factory=list)  # more #SBATCH lines, as they are
     # MPI mode: one allocation, rank 0 hands out chunks
     nodes: int = 1
-    ntasks: int = 2                       # MPI mode: ranks in the allocation
-    mpi: str = "pmix"                     # MPI mode: srun --mpi
+    ntasks: int = 2                     # MPI mode: ranks in the allocation
+    mpi: str = "pmix"                   # MPI mode: srun --mpi
 
     def __post_init__(self) -> None:
         check_slurm_time(self.time, "slurm option 'time'")

@@ -13,11 +13,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tbhpc.config import load_config
+from tbhpc.config import from_dict, load_config
 from tbhpc.errors import UserError
+from tbhpc.slurm_options import SlurmOptions
 from tbhpc.tasks.loader import pack_files
 from tbhpc.tasks.schema import Task
-from tbhpc.tasks.select import pack_source, select_tasks
+from tbhpc.tasks.select import select_tasks
 from tbhpc.tb.dataset import TBDataset, is_tb_source
 
 EXECUTION_FIELDS = ("workers", "chunk_size", "concurrency", "slurm", "transcripts", "openenv")
@@ -31,7 +32,7 @@ KIND_DEFAULTS = {
 
 @dataclass
 class CampaignConfig:
-    name: str = "eval"                    # the campaign's name (its rows' campaign column)
+    name: str = "eval"                 # the campaign's name (its rows' campaign column)
     kind: str = "eval"                 # probe | eval
     pack: str | None = None            # pack file/dir; tb:DIR = a ThinkingBox data checkout; None = the bundled pack
     split: str = "eval"                # train | eval | all (built-in packs; a ThinkingBox source is selected by `tasks`)
@@ -39,20 +40,20 @@ class CampaignConfig:
     servers: str | None = None         # servers file for MCP tool servers (needed by tb: sources)
     environment: str = "local"         # local (tbhpc's backends) | openenv (every attempt on the OpenEnv environment below)
     openenv: dict[str, Any] = field(default_factory=dict)   # OpenEnvSpec: url | launch | uv_project, timeouts (execution only)
-    domains: list[str] = field(default_factory=list) # only these domains (empty: all)
+    domains: list[str] = field(default_factory=list)        # only these domains (empty: all)
     limit: int | None = None           # first N tasks after filtering (smoke runs)
-    repeats: int = 1                      # attempts per task (n)
-    policy: str = "oracle"                # oracle | noop | openai | hf | tokens
+    repeats: int = 1                   # attempts per task (n)
+    policy: str = "oracle"             # oracle | noop | openai | hf | tokens
     policy_opts: dict[str, Any] = field(default_factory=dict)  # the policy's options (tbhpc/policy; e.g. skill, base_url, endpoint, model_path)
     policy_id: str | None = None       # default: derived from policy and its options
     user: str = "scripted"             # scripted | openai
-    user_url: str | None = None           # the simulated user's OpenAI-compatible endpoint (user: openai)
-    user_model: str = "default"           # the simulated user's model name
+    user_url: str | None = None        # the simulated user's OpenAI-compatible endpoint (user: openai)
+    user_model: str = "default"        # the simulated user's model name
     judge: str = "keyword"             # keyword | openai
-    judge_url: str | None = None          # the judge's OpenAI-compatible endpoint (judge: openai)
-    judge_model: str = "default"          # the judge's model name
+    judge_url: str | None = None       # the judge's OpenAI-compatible endpoint (judge: openai)
+    judge_model: str = "default"       # the judge's model name
     rubrics: str = "judge"             # judge | skip: grade yes/no rubrics, or not (recorded per attempt as rubrics_skipped)
-    seed: int = 0                         # seeds every attempt's sampling (attempt i of a task gets its own seed)
+    seed: int = 0                      # seeds every attempt's sampling (attempt i of a task gets its own seed)
     workers: int | str = 1             # execution only; auto: by CPUs and backend (`auto_workers`)
     concurrency: int = 1               # episodes in flight per worker (threads; a batched generator serves them together;
                                        # the `hf` policy seeds torch's global RNG per call and is not meant for > 1)
@@ -90,8 +91,6 @@ class CampaignConfig:
         from tbhpc.policy import check_policy_options
         check_policy_options(self.policy, self.policy_opts, "campaign config: policy_opts")
         if self.slurm:  # checked now, not when an executor or `submit` first reads them
-            from tbhpc.config import from_dict
-            from tbhpc.slurm_options import SlurmOptions
             from_dict(SlurmOptions, self.slurm, {k: "campaign config field 'slurm'" for k in self.slurm})
 
     @property
@@ -153,10 +152,6 @@ def pack_hash(pack: Path | str) -> str:
 def identity_hash(cfg: CampaignConfig, pack_digest: str) -> str:
     text = json.dumps({**cfg.identity(), "pack_hash": pack_digest}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def pack_path(cfg: CampaignConfig) -> Path | str:
-    return pack_source(cfg.pack)
 
 
 def load_campaign(source: "CampaignConfig | Path | str | None", kind: str, overrides: list[str] | tuple = (),

@@ -18,7 +18,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgress
                            TimeElapsedColumn, TimeRemainingColumn)
 
 from tbhpc.agents import check_judge
-from tbhpc.campaign.config import CampaignConfig, auto_workers, campaign_tasks, identity_hash, pack_hash, pack_path, plan_rows
+from tbhpc.campaign.config import CampaignConfig, auto_workers, campaign_tasks, identity_hash, pack_hash, plan_rows
 from tbhpc.campaign.executors import Executor, LocalExecutor
 from tbhpc.config import resolved
 from tbhpc.env.registry import preflight
@@ -28,6 +28,7 @@ from tbhpc.interrupts import check as check_interrupt
 from tbhpc.outpaths import check_run_folder
 from tbhpc.store.merge import MergeReport, connect, merge
 from tbhpc.store.run_dir import RunDir
+from tbhpc.tasks.select import pack_source
 
 
 @dataclass
@@ -51,7 +52,7 @@ def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict], list]:
     for file, why in skipped.items():
         print(f"tbhpc: skipped {file}: {why}", file=sys.stderr)
     check_judge(tasks, cfg.judge, cfg.rubrics)
-    digest = pack_hash(pack_path(cfg))
+    digest = pack_hash(pack_source(cfg.pack))
     chash = identity_hash(cfg, digest)
     run = RunDir(Path(out))
     rows = plan_rows(tasks, cfg.repeats)
@@ -70,7 +71,7 @@ def open_run(cfg: CampaignConfig, out: Path) -> tuple[RunDir, list[dict], list]:
 def check_same_campaign(run: RunDir, cfg: CampaignConfig, chash: str | None = None) -> None:
     """An existing run resumed with `cfg` must hold the same campaign (kind, fields, policy, pack);
     read-only, so `submit --dry-run` says it too."""
-    chash = chash or identity_hash(cfg, pack_hash(pack_path(cfg)))
+    chash = chash or identity_hash(cfg, pack_hash(pack_source(cfg.pack)))
     if run.config_hash() == chash:
         return
     old = yaml.safe_load(run.config_file.read_text(encoding="utf-8")) or {}

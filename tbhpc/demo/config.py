@@ -34,12 +34,12 @@ class DemoConfig:
                                         # models/demo-warm (full) or build/models/smollm2-warm
     quick: bool = False                 # pipeline check with a noisy oracle (no model, no training)
     pack: str | None = "demo"           # demo: the demo pack (sized for the demo model) | full (or null): the full pack | a path
-    seed: int = 0                         # seeds the training run and the campaigns
+    seed: int = 0                       # seeds the training run and the campaigns
     limit: int | None = None            # first N tasks of each split (smoke runs)
     tasks: str | None = None            # probe only these train-split ids (a pool file or id list); default: the whole split
     sample: int | None = None           # an evenly spaced sample of N tasks of each split (every domain and template)
-    probe_repeats: int = 8                # probe attempts per candidate (n)
-    eval_repeats: int = 20                # eval attempts per held-out task
+    probe_repeats: int = 8              # probe attempts per candidate (n)
+    eval_repeats: int = 20              # eval attempts per held-out task
     workers: int = 2                    # campaign worker processes (one torch thread each)
     concurrency: int = 48               # episodes in flight per worker (one batched generator serves them)
     max_tokens: int = 160               # per generation
@@ -52,7 +52,7 @@ class DemoConfig:
                                         # instance of the bundled pack, whose train split the SFT plateau learnt from
     candidates_per_template: int = 80   # candidate instances of each template (11 templates)
     fresh_seed: int | None = None       # after training, generate demo-pack instances with this seed and evaluate on them too
-    fresh_repeats: int = 10               # eval attempts per fresh instance
+    fresh_repeats: int = 10             # eval attempts per fresh instance
     fresh_per_template: int = 10        # fresh instances of each template (11 templates: 110 tasks at 10)
     skill: float = 0.7                  # quick mode: the noisy oracle keeps each golden step with this probability
 

@@ -27,12 +27,12 @@ from tbhpc.tasks.loader import load_exclusions
 
 @dataclass
 class SelectConfig:
-    keep: list[str] = field(default_factory=lambda: list(DEFAULT_KEEP)) # the bands kept in the pool
+    keep: list[str] = field(default_factory=lambda: list(DEFAULT_KEEP))  # the bands kept in the pool
     min_clean_runs: int = 3               # a task needs this many clean probe attempts to be banded
     exclude: list[str] = field(default_factory=list)      # exclusion list files (ids one per line)
     reference: str | None = None                            # reference probe run directory
-    reference_min_successes: int = 1      # solvability gate: passes the reference policy needs
-    reference_min_clean_runs: int = 4     # solvability gate: clean reference attempts it needs
+    reference_min_successes: int = 1                        # solvability gate: passes the reference policy needs
+    reference_min_clean_runs: int = 4                       # solvability gate: clean reference attempts it needs
 
     def __post_init__(self) -> None:
         bad = [b for b in self.keep if b not in BAND_NAMES]

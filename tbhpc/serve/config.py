@@ -25,24 +25,24 @@ DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 @dataclass
 class ServeConfig:
     model: str = ""                      # HF directory (or a checkpoint dir written by the trainer)
-    served_model_name: str = "policy"     # the name clients ask for (the base is NAME-base under LoRA)
+    served_model_name: str = "policy"    # the name clients ask for (the base is NAME-base under LoRA)
     host: str = "127.0.0.1"              # bind address; Slurm jobs bind 0.0.0.0 and publish the node name
     port: int = 0                        # 0: pick a free port
     device: str = "auto"                 # auto | cpu | cuda (auto: cuda when the vLLM env is the GPU build)
-    dtype: str = "auto"                   # vLLM's --dtype
-    max_model_len: int = 8192             # vLLM's --max-model-len (0: the model's)
-    tensor_parallel_size: int = 1         # GPUs per replica
-    data_parallel_size: int = 1           # replicas
+    dtype: str = "auto"                  # vLLM's --dtype
+    max_model_len: int = 8192            # vLLM's --max-model-len (0: the model's)
+    tensor_parallel_size: int = 1        # GPUs per replica
+    data_parallel_size: int = 1          # replicas
     gpu_memory_utilization: float = 0.85  # vLLM's share of each GPU
     kv_cache_gb: int = 2                 # CPU only: VLLM_CPU_KVCACHE_SPACE
     cpu_threads: int = 0                 # CPU only: OMP threads for the engine (0: vLLM decides)
     reasoning_parser: str = ""           # e.g. qwen3
     tool_call_parser: str = ""           # e.g. hermes; enables auto tool choice
     logprobs_mode: str = "raw_logprobs"  # behaviour logprobs as the model computes them (before sampling filters)
-    enforce_eager: bool = False           # no CUDA graphs (faster start, slower decode)
-    extra_args: list[str] = field(default_factory=list) # more vLLM arguments, as they are
-    python: str = field(default_factory=default_vllm_python) # the Python of the serving environment (.venv-vllm)
-    ready_timeout_s: float = 900.0        # how long vLLM may take to answer its first request
+    enforce_eager: bool = False          # no CUDA graphs (faster start, slower decode)
+    extra_args: list[str] = field(default_factory=list)  # more vLLM arguments, as they are
+    python: str = field(default_factory=default_vllm_python)  # the Python of the serving environment (.venv-vllm)
+    ready_timeout_s: float = 900.0       # how long vLLM may take to answer its first request
     # weight sync: "reload" swaps weights inside the running server; "restart" stops it and starts
     # a new one on the checkpoint (exact by construction, a full start's time).
     sync_mode: str = "reload"

@@ -30,7 +30,7 @@ class TrainConfig:
     servers: str | None = None            # servers file for MCP tool servers (tb: packs)
     environment: str = "local"            # local (tbhpc's backends) | openenv (rollouts on the OpenEnv environment below)
     openenv: dict[str, Any] = field(default_factory=dict)   # OpenEnvSpec: url | launch | uv_project, timeouts
-    steps: int = 50                       # optimiser updates (the run ends after the last, or at max_seconds)
+    steps: int = 50  # optimiser updates (the run ends after the last, or at max_seconds)
     max_seconds: float = 0.0              # a wall-time budget: the run ends after the step that reaches it (0: off)
     seed: int = 0  # seeds the draws, the sampling and the engine: the same seed redraws the same groups
     # the batch: B informative groups of G episodes per step
@@ -57,8 +57,8 @@ class TrainConfig:
                                               # timeout is max_tokens / this + 60 s (request_timeout_s)
     # how the rollouts sample (the `sampling` property): flat, as configs and overrides have always spelt them
     temperature: float = 1.0
-    top_k: int = 20                       # sampling: top-k (0 or -1: off)
-    top_p: float = 0.95                   # sampling: nucleus mass
+    top_k: int = 20                           # sampling: top-k (0 or -1: off)
+    top_p: float = 0.95                       # sampling: nucleus mass
     max_tokens: int = 1024                # per generation
     response_budget: int = 8192           # generated tokens per episode
     max_context: int = 0                  # stop an episode whose prompt reaches this (0: no check)
@@ -91,7 +91,7 @@ class TrainConfig:
     # the optimiser and engine
     lr: float = 1e-6
     weight_decay: float = 0.0             # AdamW weight decay
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999]) # AdamW betas
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
     grad_clip: float = 1.0                # gradient-norm clip
     zero_stage: int = 3  # DeepSpeed ZeRO stage (3 partitions parameters, gradients and optimiser state)
     dtype: str = "auto"                   # auto (bf16 on GPU, fp32 on CPU) | fp32 | bf16
@@ -141,7 +141,7 @@ class TrainConfig:
     # how `tbhpc submit train` launches it
     nodes: int = 1
     gpus_per_node: int = 0                # 0: CPU nodes, one rank per node
-    serve_config: str = "jobs/serve.yaml" # the serving job's config (its fields overridden by `serve`)
+    serve_config: str = "jobs/serve.yaml"  # the serving job's config (its fields overridden by `serve`)
     serve: dict[str, Any] = field(default_factory=dict)    # ServeConfig overrides for the serving job
     # exported in the trainer's and the serving job's scripts: NCCL / InfiniBand settings (NCCL_IB_HCA,
     # NCCL_SOCKET_IFNAME, NCCL_DEBUG, ...) that differ from cluster to cluster
