@@ -7,8 +7,7 @@ thread (the rollouts) each have one, so the process manages more OpenMP threads 
 cores, and libgomp then *throttles* spinning: a worker that finishes a parallel region sleeps on a
 futex after ~1,000 spins instead of ~300,000, and every one of the thousands of small kernels of a
 step pays a wake-up. The two teams never run at once (generation and update alternate on-policy),
-so there is nothing to share the cores with. Measured on 2 cores (demo pack, 4 steps, same losses):
-update 3.3 -> 1.9 s and rollouts 4.4 -> 2.3 s a step; `bench/omp_teams.py` shows the effect alone.
+so there is nothing to share the cores with. `bench/omp_teams.py` shows the effect alone.
 
 `OMP_WAIT_POLICY=ACTIVE` with `GOMP_SPINCOUNT=300000` is libgomp's own default spin for a process
 that is not oversubscribed, applied whatever the thread count. libgomp reads it once, when torch

@@ -1,8 +1,8 @@
 """Where a command may write: checked before anything is written, never a user's file lost.
 
-Why: an empty `--out ''` used to mean "the current directory", a pool file could replace any file
-(a pack file became an empty pool), reports and exports mixed their files into any folder, and an
-`--out` that was a file ended in a traceback. Each kind of output names the entries it owns; a
+Why: unchecked, an empty `--out ''` means "the current directory", a pool file can replace any
+file (a pack file becomes an empty pool), reports and exports mix their files into any folder, and
+an `--out` that is a file ends in a traceback. Each kind of output names the entries it owns; a
 folder is fit when it does not exist, is empty, or holds only such entries (the previous output
 of the same command, which is rewritten). Anything else is refused in one line naming the path
 and what is in the way, unless the command was given `--force`.

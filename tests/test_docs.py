@@ -41,6 +41,65 @@ def test_a_broken_link_or_anchor_fails_the_build(tmp_path):
     page.write_text(text + "\nSee [the demo](demo.md#no-such-anchor).\n")
     bad = _build(tmp_path, tmp_path / "site")
     assert bad.returncode != 0 and "no-such-anchor" in bad.stderr
+    page.write_text(text)
+    measured = tmp_path / "docs" / "measurements" / "results-store.md"
+    measured.write_text(measured.read_text() + "\n## Planted\n\nA figure nobody can date:\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    bad = _build(tmp_path, tmp_path / "site")
+    assert bad.returncode != 0 and "measurements/results-store.md: line" in bad.stderr, bad.stderr[-2000:]
+
+
+def _provenance():
+    sys.path.insert(0, str(REPO / "docs"))
+    import provenance
+    return provenance
+
+
+def test_every_measured_table_says_when_where_and_how():
+    """Each table on a Measurements page has its date, machine and command on the line above it."""
+    import yaml
+    provenance = _provenance()
+    pages = provenance.measurement_pages(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"])
+    assert {"measurements/results-store.md", "measurements/training.md", "demo.md"} <= pages
+    problems = {p: provenance.provenance_problems((REPO / "docs" / p).read_text()) for p in sorted(pages)}
+    assert {p: v for p, v in problems.items() if v} == {}
+    tables = sum(len(re.findall(r"^(?!\|).*\n\n?\|", (REPO / "docs" / p).read_text(), re.M)) for p in pages)
+    assert tables >= 30, tables
+
+
+def test_the_provenance_check_finds_each_kind_of_gap():
+    import datetime
+    check = _provenance().provenance_problems
+    today = datetime.date(2026, 12, 6)
+    table = "| a | b |\n|---|---|\n| 1 | 2 |\n"
+    good = "*Measured 2026-12-02 · dev VM: Intel Xeon · `python bench/x.py` (in `make bench`)*\n\n"
+    assert check("# T\n\n" + good + table, today) == []
+    assert check("# T\n\n*Computed 2026-12-01 to 2026-12-03 · local cluster · `tbhpc plan x.yaml`*\n" + table, today) == []
+    assert check("# T\n\n<!-- not measured: a list -->\n" + table, today) == []
+    assert check("```\n" + table + "```\n", today) == []
+    assert len(check("# T\n\nsome text\n\n" + table, today)) == 1                       # no line at all
+    assert len(check(good + "## next\n\n" + table, today)) == 1                            # a heading between
+    assert len(check(good + table + "\n" + table, today)) == 1                               # one line, two tables
+    assert len(check(good + good + table, today)) == 1                                      # two lines, one table
+    assert "not in the form" in check("*Measured 2026-12-02 on this machine*\n" + table, today)[0]
+    assert "not in the form" in check("*Measured 2026-12-02 · laptop · `x`*\n" + table, today)[0]
+    assert "future" in check(good.replace("2026-12-02", "2027-01-01") + table, today)[0]
+    assert "bad date" in check(good.replace("2026-12-02", "2026-13-02") + table, today)[0]
+    assert "out of order" in check("*Measured 2026-12-03 to 2026-12-01 · dev VM · `x`*\n" + table, today)[0]
+
+
+def test_module_docstrings_say_why_not_history():
+    """A module's docstring states its job and its reasons; its history (issues, dated figures)
+    belongs to the Measurements pages and the changelog."""
+    import ast
+    history = re.compile(r"\bissue \d+|\b20\d\d-\d\d-\d\d\b", re.I)
+    found = {}
+    for path in sorted((REPO / "tbhpc").rglob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text()))
+        if not doc:
+            found[str(path.relative_to(REPO))] = "no module docstring"
+        elif (m := history.search(doc)):
+            found[str(path.relative_to(REPO))] = m.group(0)
+    assert found == {}
 
 
 def test_nothing_points_outside_the_repository():

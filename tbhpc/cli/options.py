@@ -1,7 +1,7 @@
 """Flags more than one command declares, and the argparse `type=` functions they use.
 
 Why ranges as types: `type=int` takes `--bootstrap -5` and `type=float` takes `nan` or `inf`;
-the command then failed deep inside (a traceback) or waited forever. A range belongs where the
+the command would then fail deep inside (a traceback) or wait forever. A range belongs where the
 flag is declared, so a bad value is argparse's one-line error.
 """
 from __future__ import annotations

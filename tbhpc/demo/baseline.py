@@ -1,7 +1,7 @@
 """The demo's baseline beside GRPO: continued supervised fine-tuning of the warm start, for the
 same wall time as the GRPO run took, at the same learning rate, on oracle episodes of the same
 pool tasks. Why: a GRPO gain means little unless it beats simply training the warm start longer
-on the data it came from (the pilot's advice: report it honestly, whichever wins).
+on the data it came from, so it is reported whichever wins.
 
 Run in a child process (`tbhpc warmstart --base WARM --tasks POOL --max-seconds S`), like the
 trainer, so the demo's own process keeps no torch state; cached: a finished baseline is reused.

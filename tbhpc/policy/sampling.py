@@ -5,7 +5,7 @@ Why a module of its own: options and configs spell its fields flat (`--opt tempe
 campaign's `policy_opts: {top_p: 0.9}`, a train config's `temperature:`) while the code holds one
 object. `flat_sampling` lets a policy dataclass that holds a `sampling` field take that spelling
 too, and `option_fields` is the flat spelling checked like any other field (the same names, types
-and messages as when every policy declared the four fields itself). No torch, no HTTP here: the
+and messages as if each policy declared the four fields itself). No torch, no HTTP here: the
 train config imports it.
 """
 from __future__ import annotations

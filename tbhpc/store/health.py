@@ -1,9 +1,9 @@
 """Telling a damaged results file from a busy one, and saying how to get it back.
 
 Why: `results.duckdb` is derived data: every attempt lives first in a shard (atomic JSONL files
-under `shards/`), and the merge folds them in. A damaged file used to end in a DuckDB traceback
-(eight commands), damage inside the file went unnoticed until a query touched that block, and
-`tbhpc sql` took it for a file being written and waited. Here every results file a command opens
+under `shards/`), and the merge folds them in. Left to DuckDB, a damaged file ends a command in a
+traceback, damage inside the file goes unnoticed until a query touches that block, and `tbhpc sql`
+takes it for a file being written and waits. Here every results file a command opens
 goes through `open_results`, so an error DuckDB raises later can be traced back to the damaged
 file (`damage_error` re-reads each opened file to find it); `check_every_block` reads every
 block that holds data (what `tbhpc validate` runs). Getting a damaged file back is the merge's

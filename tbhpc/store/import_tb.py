@@ -14,7 +14,7 @@ tbhpc.store.tb_transcripts).
 Why SQL, not Python: real result files carry whole transcripts (`messages`) and run to
 gigabytes. DuckDB's JSON reader streams them with only the named fields materialised, so an
 import costs about what reading the file costs, in bounded memory (a Python object per line
-took 41 s and 3.2 GB for a million lines). The result is written into a database file beside
+costs many times that in both). The result is written into a database file beside
 the run and moved in only when everything checked out: a bad line stops the import with its
 line number (found by a line-by-line scan, only then) and the run directory is never created.
 Two readers: typed (the reference's structure, each small field a JSON leaf, so one parse gives
@@ -255,7 +255,7 @@ def import_files(files: list[Path], out: Path, campaign: str | None = None, poli
 def _write_plan(con, path: Path) -> None:
     """The run's plan (a task per uid, its lines as repeats) and the `tasks` and `plan` rows a
     merge would load from it, from one pass over the attempts; plan.jsonl is written by DuckDB
-    (a Python dict per task cost a third of a second at 50,000 tasks)."""
+    (a Python dict per task is slow at tens of thousands of tasks)."""
     con.execute("CREATE TEMP TABLE per_task AS SELECT campaign, task_id, policy_id, any_value(domain) AS domain, "
                 "count(*)::INTEGER AS repeats FROM attempts GROUP BY campaign, task_id, policy_id")
     con.execute("INSERT INTO tasks SELECT campaign, task_id, domain, NULL, NULL, []::VARCHAR[], NULL FROM per_task")
@@ -364,13 +364,12 @@ def _staged(files: list[Path], stage: Path) -> str:
     """The typed lines of `files` from a parallel read, written in file order to a Parquet file,
     with `attempt`: each line's place among its uid's lines (a window over the file's row numbers
     and task_id column alone, joined back). Why: a numbered read (WITH ORDINALITY) runs the read
-    and every column's expression on one thread, and its window carries every column (5.1 s for
-    a million lines on 2 cores, against ~3.4 s staged). Parquet, not a temporary table: a table
-    holds every line in memory (~245 MB a million) and slows past its budget; the file holds none
-    (38 MiB a million on disk, in the work directory). The ordered write needs STAGED_MEMORY_LIMIT
-    (below ~250 MB DuckDB writes it on one thread: 3.3 s), so it runs in a database of its own,
-    closed before the insert: DuckDB keeps what a query allocated after the limit is lowered, and
-    the insert on top of it peaked at ~395 MiB (~310 MiB this way)."""
+    and every column's expression on one thread, and its window carries every column. Parquet,
+    not a temporary table: a table holds every line in memory and slows past its budget; the file
+    holds none (it sits on disk, in the work directory). The ordered write needs
+    STAGED_MEMORY_LIMIT (below ~250 MB DuckDB writes it on one thread), so it runs in a database
+    of its own, closed before the insert: DuckDB keeps what a query allocated after the limit is
+    lowered, and the insert would otherwise peak on top of it."""
     with duckdb.connect(config={"memory_limit": STAGED_MEMORY_LIMIT, "threads": 2, "preserve_insertion_order": True,
                                 "temp_directory": str(stage.parent / "spill-stage")}) as stager:
         stager.execute(f"COPY (SELECT * EXCLUDE (line_order) FROM ({_typed(files, numbered=False)})) TO {literal(str(stage))} "

@@ -3,9 +3,9 @@
 An attempt is identified by its key (campaign, task_id, attempt_index, policy_id). The key is
 unique in `attempts` by construction (the merge is the only writer and replaces by key) and
 checked by `tbhpc validate`; it is not a DuckDB PRIMARY KEY, because an index over four text
-columns made a million-row ingest about three times slower. Token counts
-are per model role (agent, user, judge) and kind (in, cached, out, reasoning); `in` includes
-`cached` (OpenAI convention).
+columns makes a million-row ingest about three times slower. Token counts are per model role
+(agent, user, judge) and kind (in, cached, out, reasoning); `in` includes `cached` (OpenAI
+convention).
 """
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ Two halves, one format:
 
 Why the writing half is Python streaming a line at a time, when the rest of import-tb is one
 DuckDB pass: DuckDB works on vectors of 2,048 rows, and its JSON functions hold a parsed document
-per row, so splitting transcripts of ~10 KB in SQL took over 500 MB for a 1 GB file; a line at a
-time takes a few MiB. It writes a reduced copy of the file (the fields the SQL pass reads, plus
+per row, so splitting transcripts in SQL holds thousands of parsed conversations at once; a line
+at a time holds one. It writes a reduced copy of the file (the fields the SQL pass reads, plus
 the finished transcript), which the same SQL pass then imports. Files without messages
 (metadata-only) never reach this half.
 

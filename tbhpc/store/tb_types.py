@@ -1,12 +1,12 @@
 """Exact field types of ThinkingBox result lines, checked before `import-tb` converts anything.
 
 Why: the importer's fast path parses lines straight into typed columns, and its fallback reads
-JSON values with Python's truthiness. Both convert quietly: `"result": "yes"` became a pass, an
-integer uid a task id, `"many"` tokens 0, and -5 tokens stayed -5. A result file is evidence; a
-value of the wrong type is a bug upstream that must not become a score. So by default every
-line is checked against the reference's types, and the first wrong line is named with its field
-and value (a Python scan, run only then). `--lenient` converts instead and says how many lines
-needed it.
+JSON values with Python's truthiness. Both would convert quietly: `"result": "yes"` would become
+a pass, an integer uid a task id, `"many"` tokens 0, and -5 tokens would stay -5. A result file
+is evidence; a value of the wrong type is a bug upstream that must not become a score. So by
+default every line is checked against the reference's types, and the first wrong line is named
+with its field and value (a Python scan, run only then). `--lenient` converts instead and says
+how many lines needed it.
 
 Where the check runs: inside the import's own read. The importer reads every small field as a
 JSON leaf (`LEAF_COLUMNS`: one parse of the line, the leaves kept as their JSON text), so the

@@ -2,9 +2,9 @@
 rollouts come from. One dataclass, loaded from YAML (jobs/train*.yaml) with key=value overrides.
 
 Defaults are the published recipe (18 groups of 8, one update per step, token-mean PPO-clip
-0.2/0.2 with dual clip 3, no KL, AdamW lr 1e-6, grad-clip 1.0, ZeRO-3), except where the
-issue that specified this trainer chose otherwise and says why (std normalisation off,
-weight decay 0). The `slurm` and `serve` sections say how `tbhpc submit train` launches it.
+0.2/0.2 with dual clip 3, no KL, AdamW lr 1e-6, grad-clip 1.0, ZeRO-3), with advantages only
+group-centred (`normalize_std` off) and no weight decay (`weight_decay` 0); both are fields a run
+may turn on. The `slurm` and `serve` sections say how `tbhpc submit train` launches it.
 """
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 is re-banded with what the policy just did and refilled with candidates it has not tried.
 
 Why: the pool is selected once, for the base policy; as training sharpens it, tasks leave the
-middle bands and their groups come back all-pass (or all-fail), which GRPO cannot learn from. The
-demo's 300-step run from the plateau measured exactly that: the mixed-group share fell from 0.42
-to 0 and 165 of 300 steps made no update. prime-rl keeps difficulty pools for this reason.
+middle bands and their groups come back all-pass (or all-fail), which GRPO cannot learn from: the
+mixed-group share falls towards 0 and steps end without an update (docs/demo.md, "Measured: 300
+steps from the plateau"). prime-rl keeps difficulty pools for this reason.
 
 How, with nothing but the trainer's own groups as evidence (a group of G is a probe of n = G):
 - every decided group (mixed or flat; a dropped group is a system error, never evidence) is kept
@@ -15,10 +15,10 @@ How, with nothing but the trainer's own groups as evidence (a group of G is a pr
   bands (selection/bands.py) and leaves the pool when it lands outside hard/medium/easy; the same
   number of candidates (or `size`) joins, taken in a seeded order from the candidate list; past
   the end of the list a new order begins, so a candidate retired earlier is probed again by a
-  newer policy. Why plain order, solved candidates included, not the unsolved ones first: that
-  was measured worse (docs/demo.md, "Measured: 300 steps from the plateau"): near a plateau the
-  pool filled with the few hard tasks left, validation fell and the entropy guard stopped the
-  run; in plain order the pool stays mostly solvable and the policy keeps what it knows.
+  newer policy. Why plain order, solved candidates included, not the unsolved ones first: near a
+  plateau, unsolved-first fills the pool with the few hard tasks left, validation falls and the
+  entropy guard stops the run (docs/demo.md, "Measured: 300 steps from the plateau"); in plain
+  order the pool stays mostly solvable and the policy keeps what it knows.
   Why two groups of evidence by default, not the probe's one: a task with p = 0.9 passes 8 of 8
   in 43% of its groups, and one that leaves for that is usually replaced by a candidate that is
   easier still (a policy near its plateau solves most candidates);

@@ -3,10 +3,10 @@
 Why: a GRPO step's gradient is the sum of its groups' gradients, and each group's is mostly
 sampling noise (every sampled token's score function, weighted by the group-centred advantage).
 If the step has too few groups, the update is a random walk: with Adam every parameter moves by
-about lr whatever the gradient's size, so noise costs as much as signal. The demo model measured
-this way needed ~280 groups for a step whose signal equals its noise, while the demo stepped with 4:
-no learning rate makes such steps learn (small ones stay put, large ones degrade the policy).
-Measure this before buying GPU hours: `tbhpc grad-noise RUN` on a few steps of any run.
+about lr whatever the gradient's size, so noise costs as much as signal. When a step has far
+fewer groups than signal = noise needs, no learning rate makes it learn (small ones stay put,
+large ones degrade the policy; docs/measurements/demo-history.md, "What GRPO did to the demo
+model"). Measure this before buying GPU hours: `tbhpc grad-noise RUN` on a few steps of any run.
 
 The statistics (pure, `noise_of`): per-group gradients g_i (i = 1..n, informative groups only),
 their mean m and the unbiased per-group variance V; the squared norm of the expected gradient

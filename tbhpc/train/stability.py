@@ -2,10 +2,11 @@
 groups, and a guard that watches response length and entropy. Pure functions and one small state
 object, so each rule is tested alone; the loop (loop.py) only calls them.
 
-Why: under a token-mean loss a long failing episode weighs by its length. In the demo, once a few
-episodes rambled to the response budget, pushing their many tokens down flattened the policy and
-more of them rambled: reward 0.5-0.8 for 90 steps, then 0.03 within ten (docs/measurements/demo-history.md, "The demo
-pack"). The peers' tools for this, each a TrainConfig field, off by default:
+Why: under a token-mean loss a long failing episode weighs by its length. Once a few episodes
+ramble to the response budget, pushing their many tokens down flattens the policy and more of them
+ramble, so a run that was steady can collapse within a few steps (the demo's collapse:
+docs/measurements/demo-history.md, "The demo pack"). The peers' tools for this, each a TrainConfig
+field, off by default:
 
 - overlong filtering (DAPO): an episode cut off by the response budget keeps its place in the
   group's baseline but none of its tokens are trained on (`overlong_filter`);
@@ -21,9 +22,9 @@ pack"). The peers' tools for this, each a TrainConfig field, off by default:
   exceed either by its factor, the weights that sampled them are judged bad: `rollback` restores
   the DeepSpeed state of the newest step whose weights passed and scales the learning rate by
   `guard_lr_factor`; `stop` restores it, exports it and ends the run (after `guard_max_rollbacks`
-  rollbacks a trip stops). Only a *rise* of entropy is a runaway: GRPO sharpens, and on the demo
-  the entropy of a healthy run fell from 0.009 to 0.003 nats per token in 20 steps while length
-  and reward held (a two-sided band stopped that run at step 30 for nothing).
+  rollbacks a trip stops). Only a *rise* of entropy is a runaway: GRPO sharpens, so the entropy of
+  a healthy run falls while length and reward hold, and a two-sided band would stop it for nothing
+  (docs/guides/training.md).
 """
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ and frees the parameter. So each tensor is digested where it really lives:
 - `param`: a parameter that still holds data, cut back into the checkpoint tensors it fuses;
 - `kernel`: a packed copy, read back exactly by running the layer's own kernel closure on blocks
   of an identity matrix (x = I: out = W^T; one non-zero term per output, so the product and the
-  dtype round-trip are exact), then cut the same way. This is the compute path the AMX bug broke
-  (a stale packed lm_head over a new embedding): the digest reads what the kernel multiplies by,
-  not what the parameter says.
+  dtype round-trip are exact), then cut the same way. This is the compute path a reload can leave
+  stale (a packed lm_head over a new embedding: tbhpc_vllm_worker.py): the digest reads what the
+  kernel multiplies by, not what the parameter says.
 With tensor parallelism each worker holds row or column shards (and replicated norms, key/value
 heads copied to several ranks when they are fewer than the ranks): each worker digests its pieces
 at their positions in the checkpoint tensor, replicated pieces on their first holder only, and the

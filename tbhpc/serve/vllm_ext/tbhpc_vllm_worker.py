@@ -10,7 +10,7 @@ loads, but a layer whose weights arrive through another (tied) layer is never "l
 `lm_head` keeps the packed copy of the *old* embedding while the embedding itself is new, so the
 server computes logits with old weights on top of a new body (neither checkpoint). Where the
 dispatch falls back to `F.linear` (e.g. bf16 on a CPU without AVX-512-BF16 or AMX) the copy
-does not exist and the bug does not show, which is why it depended on the machine.
+does not exist and nothing goes stale, so whether the fault shows depends on the machine.
 
 `tbhpc_reload` = vLLM's own reload, then: every layer whose kernel closure is still the one from
 before the reload and whose weight is still there gets its post-load dispatch re-run; a layer
@@ -29,11 +29,11 @@ supervisor compares with the digests the publisher wrote into the ready marker.
 
 Test-only faults, never set in production: when the server's environment names a file in
 TBHPC_TEST_FAULT_FILE, each reload reads it: `skip_reload` (a reload that reads nothing: the
-server keeps its old weights), `no_repack` (vLLM's reload alone: the stale packed copies of the
-AMX bug, on CPUs whose kernels pack) or `flip:<checkpoint tensor name>` (after the reload, one element of
-that tensor moves by one ulp in the served copy: the parameter, or the packed kernel copy where
-the parameter was freed); an empty or missing file is no fault. A file, not a variable, so one
-server can go through several faults.
+server keeps its old weights), `no_repack` (vLLM's reload alone: the stale packed copies
+described above, on CPUs whose kernels pack) or `flip:<checkpoint tensor name>` (after the
+reload, one element of that tensor moves by one ulp in the served copy: the parameter, or the
+packed kernel copy where the parameter was freed); an empty or missing file is no fault. A file,
+not a variable, so one server can go through several faults.
 Runs inside the vLLM environment: imports only torch and vLLM, lazily.
 """
 from __future__ import annotations
