@@ -20,9 +20,10 @@ The terms, per rank, at the worst micro-batch of T tokens (t = T / sp_size of th
   head's gradient in fp32 (tbhpc/train/logprobs.py);
 - a reserve for the CUDA context, NCCL's buffers and the allocator's fragmentation.
 
-The coefficients were measured (docs/memory-plan.md): the per-layer activation bytes on real CPU
-steps of small Qwen3 models of several widths and lengths (tests/test_memory_plan.py holds the plan
-within 20% of them) and on fake tensors at 27B width (bench/memory_plan.py).
+The coefficients were measured (docs/measurements/training.md, "The memory plan against measured
+peaks"): the per-layer activation bytes on real CPU steps of small Qwen3 models of several widths
+and lengths (tests/test_memory_plan.py holds the plan within 20% of them) and on fake tensors at
+27B width (bench/memory_plan.py).
 """
 from __future__ import annotations
 
