@@ -102,6 +102,15 @@ def test_module_docstrings_say_why_not_history():
     assert found == {}
 
 
+def test_the_layout_names_every_package_and_module():
+    """Where things live: every package and top-level module of tbhpc/ has its line."""
+    layout = (REPO / "docs" / "reference" / "layout.md").read_text()
+    root = REPO / "tbhpc"
+    names = [f"tbhpc/{p.name}/" for p in root.iterdir() if (p / "__init__.py").exists()]
+    names += [f"`{p.name}`" for p in root.glob("*.py") if p.name != "__init__.py"]
+    assert [n for n in sorted(names) if n not in layout and n.replace("`", "`tbhpc/", 1) not in layout] == []
+
+
 def test_nothing_points_outside_the_repository():
     files = [REPO / "README.md", *(REPO / "docs").rglob("*.md"), *(REPO / "tbhpc").rglob("*.py")]
     outside = [f"{p.relative_to(REPO)}: {m}" for p in files for m in re.findall(r"\.\./shared\S*", p.read_text())]
