@@ -2,7 +2,7 @@
 
 Why its own module: tool calls from a model (env), golden calls in a task pack (tasks) and the
 interpreter's type coercion all need the same notion of "this argument fits this schema", and
-those rooms must not import each other. The subset: type (string, integer, number, boolean,
+those packages must not import each other. The subset: type (string, integer, number, boolean,
 array, object, null), enum, anyOf, items, properties/required/additionalProperties, minimum,
 maximum, maxLength, maxItems. Errors are short and name the argument path.
 """

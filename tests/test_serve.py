@@ -1,4 +1,4 @@
-"""The serve room without a server: the vLLM command line and the Slurm job script (golden), the
+"""The serve package without a server: the vLLM command line and the Slurm job script (golden), the
 endpoint file, the checkpoint-publication protocol, and config errors."""
 import os
 import sys

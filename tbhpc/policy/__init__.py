@@ -1,4 +1,4 @@
-"""Policy room: things that produce model text for an episode. They never grade and never parse
+"""Policy package: things that produce model text for an episode. They never grade and never parse
 tool calls themselves (the shared interpreter does).
 
 `make_policy(name, **options)` builds one by name: oracle, noop, openai, hf, tokens.

@@ -1,1 +1,1 @@
-"""Report room: Markdown and HTML reports with matplotlib plots, built from `agg` summaries."""
+"""Report package: Markdown and HTML reports with matplotlib plots, built from `agg` summaries."""

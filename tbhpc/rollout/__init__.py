@@ -1,1 +1,1 @@
-"""Rollout room: token-exact training episodes and their HDF5 buffers (what the trainer reads)."""
+"""Rollout package: token-exact training episodes and their HDF5 buffers (what the trainer reads)."""

@@ -1,1 +1,1 @@
-"""Selection room: the policy-relative training pool from probe results (Jeffreys bands, gates)."""
+"""Selection package: the policy-relative training pool from probe results (Jeffreys bands, gates)."""

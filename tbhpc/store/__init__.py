@@ -1,4 +1,4 @@
-"""Store room: the attempt-row schema, atomic shard files, the merge into `results.duckdb`, and run
+"""Store package: the attempt-row schema, atomic shard files, the merge into `results.duckdb`, and run
 directories. It never runs episodes.
 
 Why shards + one merge: many workers (processes, Slurm array tasks, MPI ranks) finish attempts at

@@ -1,4 +1,4 @@
-"""Tasks room: the task and scenario schema, declarative loading of packs, validation, splits.
+"""Tasks package: the task and scenario schema, declarative loading of packs, validation, splits.
 
 Must not import env or policy code: a pack is data, checked against a tool catalogue that the
 caller hands in.
