@@ -16,11 +16,13 @@ env: $(STAMP)
 browser:
 	bash env/setup-browser.sh
 
-# The serving environment (vLLM, its own pins): see env/setup-vllm.sh. VLLM_BUILD=cpu (default: this
-# machine, CI, CPU nodes) or VLLM_BUILD=cuda (GPU nodes: `make env-vllm VLLM_BUILD=cuda`, from any
-# machine, a login node included); `tbhpc serve` with device cuda refuses a CPU build.
+# The serving environment (vLLM, its own pins): see env/setup-vllm.sh. VLLM_BUILD=cpu (this machine,
+# CI, CPU nodes) or VLLM_BUILD=cuda (GPU nodes: `make env-vllm VLLM_BUILD=cuda`, from any machine, a
+# login node included); `tbhpc serve` with device cuda refuses a CPU build. Unset, it is the build
+# .venv-vllm already holds (cpu when there is none), so `make train` or `make test` after
+# `make env-vllm VLLM_BUILD=cuda` keeps the GPU build instead of replacing it.
 VLLM_VENV  ?= .venv-vllm
-VLLM_BUILD ?= cpu
+VLLM_BUILD ?= $(or $(shell cat $(VLLM_VENV)/.build 2>/dev/null),cpu)
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_BUILD)
 env-vllm: $(VLLM_STAMP)
 

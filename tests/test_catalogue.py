@@ -33,6 +33,23 @@ def test_union_views_carry_the_run_and_see_runs_added_later(runs, tmp_path):
     cat.close()
 
 
+def test_a_training_run_s_steps_join_the_catalogue(tmp_path):
+    """train_steps has a `run` column of its own (the config's name, the `campaign` of the run's
+    attempt rows): in the catalogue it is `campaign`, and `run` is the folder, as in every view."""
+    from tbhpc.store.run_dir import RunDir
+    from tbhpc.train.record import record_step
+    run_campaign(CampaignConfig(name="probe", split="eval", limit=2, repeats=1), tmp_path / "probe")
+    train = RunDir(tmp_path / "grpo")
+    train.path.mkdir()
+    for step in (1, 2):
+        record_step(train, {"run": "train", "step": step, "reward_mean": 0.25 * step}, log=False)
+    cat = Catalogue(tmp_path)
+    assert cat.sql("SELECT run, campaign, step, reward_mean FROM train_steps ORDER BY step").fetchall() == [
+        ("grpo", "train", 1, 0.25), ("grpo", "train", 2, 0.5)]
+    assert cat.sql("SELECT run, count(*) FROM attempts GROUP BY run").fetchall() == [("probe", 2)]
+    cat.close()
+
+
 def test_a_run_being_written_is_waited_for_then_left_out_and_said(runs, tmp_path):
     import shutil
     root = tmp_path / "root"

@@ -108,6 +108,8 @@ def world(tmp_path_factory):
     (w / "notes.txt").write_text("a user's file\n")
     (w / "folder").mkdir()
     (w / "folder" / "README.md").write_text("a user's folder\n")
+    (w / "not-hf").mkdir()
+    (w / "not-hf" / "config.json").write_text("{}\n")          # a config.json, but nothing transformers can load
     shutil.copy(Path(cli.__file__).parent.parent / "data" / "packs" / "default" / "retail.yaml", w / "mypack.yaml")
     for how in ("tool", "type", "domain"):
         _bad_pack(w, how)
@@ -272,6 +274,14 @@ CASES = [
      ["generator", "'gpu'"]),
     ("hf-no-model", ["eval", "--out", "new", "limit=1", "policy=hf", "policy_opts={model_path: no-model}"], 2,
      ["model_path", "'no-model'"]),
+    ("hf-folder-not-model", ["eval", "--out", "new", "limit=1", "policy=hf", "policy_opts={model_path: folder}"], 2,
+     ["model_path", "'folder'", "no config.json"]),
+    ("episode-hf-folder", ["episode", "--task", "TASK", "--policy", "hf", "--opt", "model_path=folder"], 2,
+     ["model_path", "'folder'", "no config.json"]),
+    ("episode-hf-unloadable", ["episode", "--task", "TASK", "--policy", "hf", "--opt", "model_path=not-hf"], 2,
+     ["--policy hf", "cannot load", "'not-hf'"]),
+    ("tokens-batched-folder", ["eval", "--out", "new", "limit=1", "policy=tokens",
+                               "policy_opts={model_path: folder, generator: batched}"], 2, ["'folder'", "no config.json"]),
     ("episode-servers-missing", ["episode", "--task", "TASK", "--servers", "no.yaml"], 2, ["--servers", "no.yaml"]),
     ("serve-into-file", ["serve", "notes.txt", "--dry-run", "model=folder"], 2, ["notes.txt", "is a file"]),
     # the memory plan (issue 47)

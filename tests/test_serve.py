@@ -1,6 +1,7 @@
 """The serve package without a server: the vLLM command line and the Slurm job script (golden), the
 endpoint file, the checkpoint-publication protocol, and config errors."""
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -147,3 +148,22 @@ def test_the_vllm_build_is_read_and_a_device_it_cannot_run_on_is_refused(tmp_pat
     if vllm_python and Path(vllm_python).exists():          # the real serving environment of this machine
         build, what = vllm_build(vllm_python)
         assert build == "cpu", what
+
+
+def test_make_keeps_the_vllm_build_the_environment_holds(tmp_path):
+    """`make train` / `make test` after `make env-vllm VLLM_BUILD=cuda` must not replace the GPU build
+    with the CPU one (env/setup-vllm.sh replaces a build that differs): unset, VLLM_BUILD is the
+    build .venv-vllm records; cpu where there is none; an explicit VLLM_BUILD wins."""
+    repo = Path(__file__).resolve().parents[1]
+    venv = tmp_path / "venv-vllm"
+
+    def planned(*args: str) -> str:
+        out = subprocess.run(["make", "-n", "env-vllm", f"VLLM_VENV={venv}", *args], cwd=repo,
+                             capture_output=True, text=True, check=True).stdout
+        return next(line for line in out.splitlines() if "setup-vllm.sh" in line)
+
+    assert "VLLM_BUILD=cpu " in planned()
+    venv.mkdir()
+    (venv / ".build").write_text("cuda\n")
+    assert "VLLM_BUILD=cuda " in planned()
+    assert "VLLM_BUILD=cpu " in planned("VLLM_BUILD=cpu")

@@ -20,6 +20,30 @@ from tbhpc.policy.sampling import Sampling, flat_sampling
 from tbhpc.tasks.schema import Task
 
 
+def model_dir_problem(path: str, gguf_file: str | None = None) -> str | None:
+    """What is wrong with a model path, in words, or None: a directory transformers can load
+    (config.json), or a folder with the named GGUF file. Checked before anything loads, so a
+    wrong path is one line naming it, not a tokenizer traceback from deep inside transformers."""
+    where = Path(path) if path else None
+    if where is None or not where.exists():
+        return f"{path!r} does not exist"
+    if gguf_file:
+        return None if (where / gguf_file).is_file() else f"{path!r} holds no GGUF file {gguf_file!r}"
+    if not where.is_dir() or not (where / "config.json").is_file():
+        return f"{path!r} is not a model directory (no config.json)"
+    return None
+
+
+def from_pretrained(loader: Any, path: str, who: str, **kw: Any) -> Any:
+    """`loader.from_pretrained(path)`, a model directory transformers cannot read being the
+    user's input (a missing tokenizer file, a config of another library): one line naming it."""
+    try:
+        return loader.from_pretrained(path, **kw)
+    except (OSError, ValueError) as exc:
+        why = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise UserError(f"{who}: cannot load {loader.__name__} from model_path {path!r}: {why}") from None
+
+
 @flat_sampling(max_tokens="max_new_tokens")
 @dataclass
 class HFPolicy:
@@ -34,8 +58,8 @@ class HFPolicy:
     @staticmethod
     def check_ready(options: dict) -> None:
         """The model is there (checked before a campaign writes anything)."""
-        if not options.get("model_path") or not Path(options["model_path"]).exists():
-            raise UserError(f"--policy hf: model_path {options.get('model_path', '')!r} does not exist")
+        if (problem := model_dir_problem(options.get("model_path", ""), options.get("gguf_file"))):
+            raise UserError(f"--policy hf: model_path {problem}")
 
     def _load(self) -> tuple[Any, Any]:
         if self._loaded:
@@ -45,12 +69,12 @@ class HFPolicy:
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise UserError(f"--policy hf needs torch and transformers ({exc}); run `make env`") from None
-        if not self.model_path or not Path(self.model_path).exists():
-            raise UserError(f"--policy hf: model_path {self.model_path!r} does not exist")
+        if (problem := model_dir_problem(self.model_path, self.gguf_file)):
+            raise UserError(f"--policy hf: model_path {problem}")
         torch.set_num_threads(self.threads)
         kw = {"gguf_file": self.gguf_file} if self.gguf_file else {}
-        tok = AutoTokenizer.from_pretrained(self.model_path, **kw)
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32, **kw)
+        tok = from_pretrained(AutoTokenizer, self.model_path, "--policy hf", **kw)
+        model = from_pretrained(AutoModelForCausalLM, self.model_path, "--policy hf", dtype=torch.float32, **kw)
         model.eval()
         self._loaded = (tok, model)
         return self._loaded

@@ -74,9 +74,10 @@ class TokenPolicy:
     def check_ready(options: dict) -> None:
         """The model a local generator loads is there (checked before a campaign writes anything;
         not in check_ranges, which also runs on the stored config of a finished run)."""
+        from tbhpc.policy.hf import model_dir_problem
         generator, model = options.get("generator", "server"), str(options.get("model_path") or "")
-        if generator != "server" and not Path(model).is_dir():
-            raise UserError(f"--policy tokens generator={generator}: model_path {model!r} is not a model directory")
+        if generator != "server" and (problem := model_dir_problem(model)):
+            raise UserError(f"--policy tokens generator={generator}: model_path {problem}")
 
     def load(self) -> tuple[Any, Generator]:
         with _LOAD_LOCK:          # the first sessions of a worker's episode threads arrive together
@@ -102,7 +103,8 @@ class TokenPolicy:
             from transformers import AutoTokenizer
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise UserError(f"--policy tokens needs transformers ({exc}); run `make env`") from None
-        return AutoTokenizer.from_pretrained(path), ServerGenerator(server.base_url, model, timeout_s=self.timeout_s,
+        from tbhpc.policy.hf import from_pretrained
+        return from_pretrained(AutoTokenizer, path, "--policy tokens"), ServerGenerator(server.base_url, model, timeout_s=self.timeout_s,
                                                                     token=server.token)
 
     def _local_engine(self) -> tuple[Any, Generator]:

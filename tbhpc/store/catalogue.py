@@ -145,7 +145,12 @@ class Catalogue:
                                        "UNION ALL SELECT count(*) FROM duckdb_views() WHERE database_name = ? AND view_name = ?",
                                        [alias, table, alias, table]).fetchall()
                 if sum(r[0] for r in has):
-                    parts.append(f"SELECT '{_esc(self.name(db))}' AS run, * FROM {alias}.main.{table}")
+                    # `run` is the catalogue's column (the run's folder); a table's own `run` (train_steps:
+                    # the run's config name, the `campaign` of its attempt rows) is shown as `campaign`
+                    own = self.con.execute("SELECT count(*) FROM duckdb_columns() WHERE database_name = ? AND "
+                                           "table_name = ? AND column_name = 'run'", [alias, table]).fetchone()[0]
+                    columns = "* RENAME (run AS campaign)" if own else "*"
+                    parts.append(f"SELECT '{_esc(self.name(db))}' AS run, {columns} FROM {alias}.main.{table}")
             if parts:
                 self.con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS " + " UNION ALL BY NAME ".join(parts))
         # views over the union views (a run's own task_stats would bind to those too), where the
