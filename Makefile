@@ -90,7 +90,7 @@ demo: env-demo
 # `make warmstart-demo PACK=full`: the full-pack demo model (~70 min): SFT on oracle episodes of the
 # full pack's train split and 8 more generator seeds, first on 320-token windows after the system turn
 # (copying), then on whole episodes (phases: RECIPES in tbhpc/train/sft.py).
-# `make warmstart-plateau`: the demo's GRPO start, models/demo-pack-plateau (~25 min): the demo-pack warm start's SFT
+# `make warmstart-plateau`: the plateau demo's start (`make demo START=plateau`), models/demo-pack-plateau (~25 min): the demo-pack warm start's SFT
 # continued on the same episodes until held-out pass@1 stops rising (tbhpc/train/sft.py RECIPES, warm_select.py).
 PLATEAU := build/models/demo-pack-plateau
 warmstart-plateau: $(PLATEAU)/config.json

@@ -1,5 +1,5 @@
 """The site's build hook (mkdocs `hooks:`): a page that holds `<!-- tbhpc:cli -->` or
-`<!-- tbhpc:configs -->` gets the reference generated from the code at build time (docs/reference.py),
+`<!-- tbhpc:configs -->` (or `<!-- tbhpc:policies -->`) gets the reference generated from the code at build time (docs/reference.py),
 so the Reference pages can never disagree with the parsers and dataclasses they describe; and a table
 on a Measurements page without its date, machine and command (docs/provenance.py) is a warning,
 which `--strict` makes a failed build."""
@@ -17,7 +17,8 @@ import reference  # noqa: E402  (docs/reference.py, beside this file)
 
 log = logging.getLogger("mkdocs.hooks.tbhpc")
 
-MARKERS = {"<!-- tbhpc:cli -->": reference.cli_markdown, "<!-- tbhpc:configs -->": reference.config_markdown}
+MARKERS = {"<!-- tbhpc:cli -->": reference.cli_markdown, "<!-- tbhpc:configs -->": reference.config_markdown,
+           "<!-- tbhpc:policies -->": reference.policy_markdown}
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:

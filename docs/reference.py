@@ -26,6 +26,8 @@ CONFIGS = (
      "jobs/train.yaml, jobs/train-reference.yaml, jobs/train-lora.yaml"),
     ("Serving (`tbhpc serve`)", "tbhpc.serve.config", "ServeConfig", "jobs/serve.yaml"),
     ("Slurm options (the `slurm` section of the three above)", "tbhpc.slurm_options", "SlurmOptions", "-"),
+    ("OpenEnv (the `openenv` section of a campaign with `environment: openenv`)", "tbhpc.openenv.launch", "OpenEnvSpec",
+     "the campaign's `openenv:` section"),
     ("The demo (`tbhpc demo`, `make demo`)", "tbhpc.demo.config", "DemoConfig", "jobs/demo-pack.yaml, jobs/demo.yaml"),
     ("Pool selection (`tbhpc select`, `api.select`)", "tbhpc.selection.pool", "SelectConfig", "command-line flags"),
 )
@@ -138,6 +140,48 @@ def config_markdown() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def policy_options(name: str) -> list[tuple[str, str, str, str]]:
+    """(option, type, default, help) for each option of a policy, as `policy_opts` spells them:
+    a policy's own fields and, for one that takes sampling settings flat, Sampling's (with that
+    policy's defaults). Fields a user cannot give (internal state, callables) are left out."""
+    from tbhpc.policy import policy_class
+    from tbhpc.policy.sampling import Sampling
+    cls = policy_class(name)
+    hints, helps = typing.get_type_hints(cls), field_comments(cls)
+    flat = getattr(cls, "sampling_options", None) or {}
+    rows = []
+    for f in dataclasses.fields(cls):
+        kind = _type_name(hints.get(f.name))
+        if f.name == "name" or f.name.startswith("_") or not f.repr or "Callable" in kind or (flat and f.name == "sampling"):
+            continue
+        rows.append((f.name, kind, _field_default(f), helps.get(f.name, "")))
+    if flat:
+        sampling = next(f for f in dataclasses.fields(cls) if f.name == "sampling").default_factory()
+        kinds, sampling_helps = typing.get_type_hints(Sampling), field_comments(Sampling)
+        for option, field_name in flat.items():
+            rows.append((option, _type_name(kinds[field_name]), f"`{getattr(sampling, field_name)!r}`",
+                         sampling_helps.get(field_name, "")))
+    return rows
+
+
+def policy_markdown() -> str:
+    """One table per policy: the options `policy_opts` (or `--opt`) takes."""
+    from tbhpc.policy import POLICY_NAMES
+    lines = ["## Policy options (`policy_opts`, `--opt`)", "",
+             "What each `policy:` takes in `policy_opts: {...}` (campaign configs, `tbhpc probe|eval`) or as "
+             "`--opt key=value` (`tbhpc episode`); a misspelt option or a wrong type is one line naming it.", ""]
+    for name in POLICY_NAMES:
+        rows = policy_options(name)
+        lines += [f"### `{name}`", ""]
+        if not rows:
+            lines += ["No options.", ""]
+            continue
+        lines += ["| option | type | default | what |", "|---|---|---|---|"]
+        lines += [f"| `{o}` | `{_cell(t).replace(' | ', ' or ')}` | {_cell(d)} | {_cell(h)} |" for o, t, d, h in rows]
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    print({"cli": cli_markdown, "configs": config_markdown}[sys.argv[1]](), end="")
+    print({"cli": cli_markdown, "configs": config_markdown, "policies": policy_markdown}[sys.argv[1]](), end="")

@@ -44,7 +44,7 @@ class CampaignConfig:
     limit: int | None = None           # first N tasks after filtering (smoke runs)
     repeats: int = 1                   # attempts per task (n)
     policy: str = "oracle"             # oracle | noop | openai | hf | tokens
-    policy_opts: dict[str, Any] = field(default_factory=dict)  # the policy's options (tbhpc/policy; e.g. skill, base_url, endpoint, model_path)
+    policy_opts: dict[str, Any] = field(default_factory=dict)  # the policy's options (the Configuration reference lists them per policy)
     policy_id: str | None = None       # default: derived from policy and its options
     user: str = "scripted"             # scripted | openai
     user_url: str | None = None        # the simulated user's OpenAI-compatible endpoint (user: openai)

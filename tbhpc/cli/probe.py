@@ -9,7 +9,7 @@ from tbhpc.outpaths import out_arg
 
 def add_parser(sub) -> None:
     for kind in ("probe", "eval"):
-        p = sub.add_parser(kind, help=f"run (or resume) a {kind} campaign into a run directory")
+        p = sub.add_parser(kind, help=f"run (or resume) {'a probe' if kind == 'probe' else 'an eval'} campaign into a run directory")
         p.set_defaults(func=run)
         p.add_argument("--out", type=out_arg, required=True, help="run directory (created, or resumed if it exists)")
         p.add_argument("--config", type=Path, help=f"YAML campaign config (see jobs/{kind}.yaml)")

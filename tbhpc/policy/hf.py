@@ -47,11 +47,11 @@ def from_pretrained(loader: Any, path: str, who: str, **kw: Any) -> Any:
 @flat_sampling(max_tokens="max_new_tokens")
 @dataclass
 class HFPolicy:
-    model_path: str = ""
-    gguf_file: str | None = None
+    model_path: str = ""                # a transformers checkpoint directory (or the folder of gguf_file)
+    gguf_file: str | None = None        # a GGUF file in model_path, loaded (dequantised) instead
     sampling: Sampling = field(default_factory=lambda: Sampling(max_tokens=512))
-    seed: int = 0
-    threads: int = 1
+    seed: int = 0                       # sampling seed (combined with each attempt's)
+    threads: int = 1                    # torch threads
     name: str = "hf"
     _loaded: tuple = field(default=(), repr=False)
 

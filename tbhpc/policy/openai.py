@@ -23,16 +23,16 @@ DEFAULT_SAMPLING = {"temperature": 1.0, "top_p": 0.95, "top_k": 20, "max_tokens"
 
 @dataclass
 class OpenAIPolicy:
-    base_url: str = "http://127.0.0.1:8000/v1"
-    model: str = "default"
+    base_url: str = "http://127.0.0.1:8000/v1"   # the OpenAI-compatible API (…/v1)
+    model: str = "default"              # the model name the server serves
     endpoint: str = ""                  # a run dir / endpoint.json: overrides base_url and model, sends the run's token
     token_file: str = ""                # with base_url: a file holding the server's key (else $OPENAI_API_KEY)
     response_budget: int = 0            # completion tokens per episode (0: no budget); max_tokens caps each turn
-    sampling: dict[str, Any] = field(default_factory=dict)
-    send_tools: bool = True
-    timeout_s: float = 600.0
-    retries: int = 5
-    backoff_s: float = 1.0
+    sampling: dict[str, Any] = field(default_factory=dict)   # request fields over the defaults (temperature 1.0, top_k 20, top_p 0.95)
+    send_tools: bool = True             # send the tool schemas as `tools` (off: the prompt alone describes them)
+    timeout_s: float = 600.0            # one request's HTTP timeout
+    retries: int = 5                    # retries of a request that fails to connect or answers 408/429/5xx
+    backoff_s: float = 1.0              # first wait between retries (doubling)
     name: str = "openai"
 
     def __post_init__(self) -> None:

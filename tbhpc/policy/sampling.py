@@ -19,9 +19,9 @@ from dataclasses import dataclass, fields, replace
 @dataclass
 class Sampling:
     """The defaults are the published ones."""
-    temperature: float = 1.0
-    top_k: int = 20
-    top_p: float = 0.95
+    temperature: float = 1.0        # softmax temperature
+    top_k: int = 20                 # sample among the k most likely tokens (0: all)
+    top_p: float = 0.95             # ... and within this much probability mass
     max_tokens: int = 1024          # per turn
 
 

@@ -25,7 +25,7 @@ from tbhpc.tasks.schema import GoldenCall, Task
 class OraclePolicy:
     """`calls` may replace the golden trajectory (tests drop a call to prove grading bites)."""
 
-    fmt: str = "hermes"
+    fmt: str = "hermes"       # how it writes tool calls: hermes | qwen3_xml (both go through the one interpreter)
     calls: Callable[[Task], list[GoldenCall]] | None = None
     delay_s: float = 0.0      # emulated model latency per completion (executor tests, benchmarks)
     skill: float = 1.0        # < 1: a noisy oracle that skips each golden call (and the answer) with 1 - skill

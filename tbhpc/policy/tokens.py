@@ -39,19 +39,19 @@ _LOAD_LOCK = threading.Lock()
 @flat_sampling()
 @dataclass
 class TokenPolicy:
-    model_path: str = ""
+    model_path: str = ""                # tokenizer and chat template (server mode); the model itself (local, batched)
     generator: str = "server"           # server | local | batched
     endpoint: str = ""                  # server mode: run dir or endpoint.json
     base_url: str = ""                  # server mode: http://host:port (instead of endpoint)
     token_file: str = ""                # with base_url: the file holding the server's token (endpoint= reads the run's)
-    served_model: str = "policy"
+    served_model: str = "policy"        # with base_url: the model name the server serves
     sampling: Sampling = field(default_factory=Sampling)
     response_budget: int = 8192         # generated tokens per episode
     max_context: int = 0                # stop an episode whose prompt reaches this (0: no check)
     check_prefix: bool = True           # verify each finished trace against a fresh rendering
     on_template_break: str = "split"    # a template that rewrites earlier turns: split the episode into samples | error
-    seed: int = 0
-    threads: int = 1
+    seed: int = 0                       # sampling seed (combined with each attempt's and each turn's)
+    threads: int = 1                    # torch threads (local, batched)
     timeout_s: float = 600.0            # server mode: one generation request's HTTP timeout
     name: str = "tokens"
     traces: dict = field(default_factory=dict, repr=False)   # (task_id, seed) -> finished TokenTrace
