@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 PY=${TBHPC_PY:-.venv/bin/python}
 
 # `bash bench/gpu_check.sh memory`: the memory parts alone (no vLLM needed; DeepSpeed and its few missing
-# dependencies carried as wheels, see docs/memory-plan.md "On a GPU"). Each part has its own timeout;
+# dependencies carried as wheels: bench/gpu_wheels.sh). Each part has its own timeout;
 # the whole runs in ~4 minutes on one H100 (predicted) and never past 7.5 (its timeouts). Prints measured
 # beside planned figures.
 if [ "${1:-}" = memory ]; then
