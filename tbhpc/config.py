@@ -38,9 +38,8 @@ def load_config(cls: type[T], path: Path | str | None = None, overrides: list[st
             raise UserError(f"{path}: expected a mapping of config fields")
         values.update(doc)
         origin.update({k: source for k in doc})
-    for key, value in (updates or {}).items():
-        values[key] = value
-        origin[key] = f"argument {key}={value!r}"
+    values = merge_sections(cls, values, updates or {})
+    origin.update({key: f"argument {key}={value!r}" for key, value in (updates or {}).items()})
     for item in overrides or []:
         key, value = key_value(item)
         if "." in key:       # section.field=value: one field of a nested section (train.lr=1e-4)
@@ -52,6 +51,19 @@ def load_config(cls: type[T], path: Path | str | None = None, overrides: list[st
             values[key] = value
         origin[key] = f"override {item!r}"
     return from_dict(cls, values, origin)
+
+
+def merge_sections(cls: type, values: dict[str, Any], updates: dict[str, Any]) -> dict[str, Any]:
+    """`values` with `updates` over them; a config section (a dataclass-typed field, e.g. `slurm`)
+    given as a mapping on both sides is merged field by field, so an update that names one field
+    of a section keeps the others. Any other value (a policy's options included) is replaced."""
+    hints = typing.get_type_hints(cls)
+    merged = dict(values)
+    for key, value in updates.items():
+        old = merged.get(key)
+        section = dataclasses.is_dataclass(hints.get(key)) and isinstance(value, dict) and isinstance(old, dict)
+        merged[key] = {**old, **value} if section else value
+    return merged
 
 
 def key_value(item: str, flag: str = "override") -> tuple[str, Any]:
@@ -87,12 +99,17 @@ def checked_values(cls: type, values: dict[str, Any], origin: dict[str, str] | N
         where = origin.get(unknown[0], cls.__name__)
         raise UserError(f"{where}: unknown field {unknown[0]!r} (known: {', '.join(sorted(fields))})")
     hints = typing.get_type_hints(cls)
+    defaults = {f.name: f.default_factory for f in dataclasses.fields(cls) if f.default_factory is not dataclasses.MISSING}
     values = dict(values)
     for key, value in values.items():
         want = hints.get(key)
         if dataclasses.is_dataclass(want) and isinstance(value, dict):   # a nested config section
             sub = {k: f"{origin.get(key, cls.__name__)} ({key}.{k})" for k in value}
-            values[key] = from_dict(want, value, sub)
+            # the fields it names replace those of the section's default, not of the section's class:
+            # `slurm: {cpus_per_task: 3}` keeps a training job's 24 hours, not a campaign's 2
+            section = defaults[key]() if key in defaults else None
+            values[key] = (dataclasses.replace(section, **checked_values(want, value, sub)) if isinstance(section, want)
+                           else from_dict(want, value, sub))
             continue
         if isinstance(value, str) and want is not None and _fits(1.0, want) and not _fits(value, want):
             try:    # YAML 1.1 reads 1e-6 (no dot) as a string; a float field takes it as the number it is

@@ -1,6 +1,7 @@
 """The trainer's pieces that need no process group: the pool guard and seeded draws, the
 draw-order decision of the shared queue, packing, configs and rendered scripts."""
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -315,3 +316,27 @@ def test_the_preemption_margin_is_checked_against_the_measured_step():
     assert preemption_margin(300, update_s=60, publish_s=100) == ""
     warn = preemption_margin(120, update_s=60, publish_s=100)
     assert "120 s before the time limit" in warn and "(160 s)" in warn and "slurm.signal_seconds to 240" in warn
+
+
+def test_a_partial_slurm_section_keeps_the_training_job_s_defaults(tmp_path):
+    """A training job's Slurm defaults are a day, 16G, 2 CPUs (a campaign's are 2 hours): a section
+    that names one field, in the file or as `slurm.x=`, replaces that field, not the section."""
+    whole = TrainConfig().slurm
+    assert (whole.time, whole.mem, whole.cpus_per_task) == ("24:00:00", "16G", 2)
+    one = load_config(TrainConfig, None, ["slurm.cpus_per_task=3"]).slurm
+    assert (one.time, one.mem, one.cpus_per_task) == ("24:00:00", "16G", 3)
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text("slurm: {partition: gpu, time: '04:00:00'}\n")
+    part = load_config(TrainConfig, cfg).slurm
+    assert (part.partition, part.time, part.mem, part.cpus_per_task) == ("gpu", "04:00:00", "16G", 2)
+    with pytest.raises(UserError, match=r"slurm.tme.*unknown field 'tme'"):
+        load_config(TrainConfig, None, ["slurm.tme=1"])
+    # the serving job's section: the train config's `serve: {slurm: ...}` over jobs/serve.yaml's, field by field
+    from tbhpc.launch.train import serve_config_for
+    served = serve_config_for(TrainConfig(model="m", serve_config=str(Path(__file__).parents[1] / "jobs" / "serve.yaml"),
+                                          serve={"slurm": {"time": "02:00:00"}})).slurm
+    assert (served.time, served.mem, served.cpus_per_task) == ("02:00:00", "64G", 8)
+    # a policy's options are not a section: given again, they replace the file's
+    from tbhpc.campaign.config import CampaignConfig
+    cfg.write_text("policy: oracle\npolicy_opts: {skill: 0.7}\n")
+    assert load_config(CampaignConfig, cfg, updates={"policy": "noop", "policy_opts": {}}).policy_opts == {}

@@ -73,7 +73,7 @@ def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, ser
 def serve_config_for(cfg: TrainConfig):
     """The serving job's config: the train config's serve_config file + its `serve` overrides,
     serving the run's initial model."""
-    from tbhpc.config import from_dict
+    from tbhpc.config import from_dict, merge_sections
     from tbhpc.serve.config import ServeConfig
     base = {}
     if cfg.serve_config:
@@ -81,7 +81,7 @@ def serve_config_for(cfg: TrainConfig):
         if not path.exists():
             raise UserError(f"train config: field 'serve_config': {path} does not exist")
         base = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    values = {**base, **cfg.serve, "model": cfg.model}
+    values = {**merge_sections(ServeConfig, base, cfg.serve), "model": cfg.model}   # serve: {slurm: {time: ..}} keeps the file's mem
     if cfg.adapter_sync:        # the server serves the base with LoRA on and loads each step's adapter
         values.setdefault("lora_rank", cfg.lora_rank)
     scfg = from_dict(ServeConfig, values, {k: "train config field 'serve'" for k in cfg.serve})
