@@ -119,7 +119,7 @@ def problems(node: Node, cfg=None, serve=None) -> list[str]:
     return out
 
 
-def render(node: Node, found: list[str], notes: list[str] = ()) -> str:
+def render(node: Node, found: list[str], notes: list[str] = (), subject: str = "the config") -> str:
     """The report (pure)."""
     gpus = f"{len(node.gpus)} x {node.gpus[0]}" if node.gpus else "none visible"
     rows = [("python", node.python),
@@ -135,6 +135,6 @@ def render(node: Node, found: list[str], notes: list[str] = ()) -> str:
             ("Slurm", (node.slurm or "no sbatch") + (f" (in job {node.slurm_job})" if node.slurm_job else ""))]
     lines = ["tbhpc doctor: this node"] + [f"  {k:<13} {v}" for k, v in rows]
     lines += [f"  note: {n}" for n in notes]
-    lines.append("  nothing here would stop the config" if not found else
-                 f"  {len(found)} thing(s) would stop the config (below)")
+    lines.append(f"  nothing here would stop {subject}" if not found else
+                 f"  {len(found)} thing(s) would stop {subject} (below)")
     return "\n".join(lines)

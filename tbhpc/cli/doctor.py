@@ -35,7 +35,7 @@ def run(args) -> int:
                 found.append(f"memory: {p.problem}")
     node = probe(serve.python if serve is not None else None)
     found = problems(node, cfg, serve) + found
-    print(render(node, found), flush=True)
+    print(render(node, found, subject="the config" if cfg is not None else "a run on this node"), flush=True)
     for line in found:
         print(f"tbhpc: doctor: {line}", file=sys.stderr)
     return 1 if found else 0
