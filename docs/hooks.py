@@ -1,8 +1,8 @@
-"""The site's build hook (mkdocs `hooks:`): a page that holds `<!-- tbhpc:cli -->` or
-`<!-- tbhpc:configs -->` (or `<!-- tbhpc:policies -->`) gets the reference generated from the code at build time (docs/reference.py),
-so the Reference pages can never disagree with the parsers and dataclasses they describe; and a table
-on a Measurements page without its date, machine and command (docs/provenance.py) is a warning,
-which `--strict` makes a failed build."""
+"""The site's build hook (mkdocs `hooks:`): a page that holds `<!-- tbhpc:cli -->`,
+`<!-- tbhpc:configs -->` or `<!-- tbhpc:policies -->` gets that reference generated from the code at
+build time (docs/reference.py), so the Reference pages can never disagree with the parsers and
+dataclasses they describe; and a table on a Measurements page without its date, machine and command
+(docs/provenance.py) is a warning, which `--strict` makes a failed build."""
 from __future__ import annotations
 
 import logging

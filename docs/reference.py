@@ -1,10 +1,11 @@
 """The Reference pages, generated from the code at every build: every `tbhpc` command and option
-from the argument parsers, every config field (type, default, help) from the dataclasses and the
-comment on the field's line. A new option or field appears in the site without editing a page.
+from the argument parsers, every config field and policy option (type, default, help) from the
+dataclasses and the comment on the field's line. A new option or field appears in the site without
+editing a page.
 
 Used by the site's build hook (docs/hooks.py) and runnable alone:
 
-    python docs/reference.py cli|configs       # the Markdown on stdout
+    python docs/reference.py cli|configs|policies       # the Markdown on stdout
 """
 from __future__ import annotations
 
@@ -104,8 +105,9 @@ def field_comments(cls: type) -> dict[str, str]:
 
 
 def _type_name(hint) -> str:
+    """A field's type as a table cell shows it: unions read "A or B" (a | inside a code span breaks the table)."""
     text = getattr(hint, "__name__", None) if not typing.get_args(hint) else None
-    return text or str(hint).replace("typing.", "")
+    return (text or str(hint).replace("typing.", "")).replace(" | ", " or ")
 
 
 def _field_default(f: dataclasses.Field) -> str:
@@ -133,7 +135,7 @@ def config_markdown() -> str:
         for f in dataclasses.fields(cls):
             if f.name.startswith("_"):
                 continue
-            kind = _type_name(hints.get(f.name)).replace(" | ", " or ")      # a | inside a code span breaks the table
+            kind = _type_name(hints.get(f.name))
             lines.append(f"| `{f.name}` | `{_cell(kind)}` | {_cell(_field_default(f))} | "
                          f"{_cell(helps.get(f.name, ''))} |")
         lines.append("")
@@ -177,7 +179,7 @@ def policy_markdown() -> str:
             lines += ["No options.", ""]
             continue
         lines += ["| option | type | default | what |", "|---|---|---|---|"]
-        lines += [f"| `{o}` | `{_cell(t).replace(' | ', ' or ')}` | {_cell(d)} | {_cell(h)} |" for o, t, d, h in rows]
+        lines += [f"| `{o}` | `{_cell(t)}` | {_cell(d)} | {_cell(h)} |" for o, t, d, h in rows]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
