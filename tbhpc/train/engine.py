@@ -82,6 +82,8 @@ class Engine:
         trained = [p for p in model.parameters() if p.requires_grad]     # LoRA: the adapters only
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=trained, config=config, mpu=mpu)
         self.device = self.engine.device
+        from tbhpc.train.precision import check_dtype
+        check_dtype(self.engine.module, resolved_dtype(cfg, self.gpu), cfg.zero_stage)
 
     def _build_model(self):
         """The policy, ready for deepspeed.initialize: loaded (partitioned under ZeRO-3), its output head

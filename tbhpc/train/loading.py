@@ -82,7 +82,9 @@ def load_partitioned(model_dir: str, dtype, attn_implementation: str, ds_config:
 
     config = AutoConfig.from_pretrained(model_dir)
     index = checkpoint_index(model_dir)
-    with no_init_weights(), deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=dtype):
+    # dtype=None: the config's bf16/fp16 flags decide what zero.Init partitions into. An explicit
+    # dtype is ignored by DeepSpeed 0.19.8 on CPUs without fp16 support (bf16 instead: precision.py)
+    with no_init_weights(), deepspeed.zero.Init(config_dict_or_path=ds_config, dtype=None):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     model.tie_weights()          # the output head shares the embedding's partitioned tensor (tie_word_embeddings)
     missing = []

@@ -1,0 +1,52 @@
+"""One rank of a ZeRO-3 `Engine` built on a CPU class chosen by the test (tests/test_train_precision.py).
+
+`fp16`: what the CPU accelerator is made to answer to `is_fp16_supported()` ("no" is an AVX2 machine,
+or an AVX-512 one without AVX512-FP16; "yes" an AMX one), on whatever machine runs the test.
+`bf16-init`: DeepSpeed's `zero.Init` made to pick bf16 whatever it is asked (a future release that
+changes precision again); the engine must refuse the run. Rank 0 writes what it saw as JSON."""
+import json
+import os
+import sys
+
+
+def main(model: str, world: int, rank: int, out: str, fp16: str, mode: str) -> None:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import torch
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.runtime.zero import partition_parameters
+
+    accel = get_accelerator()
+    accel.is_fp16_supported = lambda: fp16 == "yes"
+    if mode == "bf16-init":
+        real = partition_parameters.Init._set_dtype
+
+        def bf16_always(self, ds_config, dtype):
+            real(self, ds_config, dtype)
+            self.dtype = torch.bfloat16
+        partition_parameters.Init._set_dtype = bf16_always
+
+    from tbhpc.errors import TbhpcError
+    from tbhpc.train.config import TrainConfig
+    from tbhpc.train.engine import DistEnv, Engine
+    from tbhpc.train.precision import stored_dtypes
+
+    cfg = TrainConfig(model=model, pool="-", lr=1e-3, zero_stage=3, microbatch_tokens=96, dtype="fp32")
+    seen = {"fp16_supported": accel.is_fp16_supported()}
+    try:
+        eng = Engine(cfg, DistEnv(rank, world, 0, "127.0.0.1", int(os.environ["MASTER_PORT"])))
+    except TbhpcError as e:
+        seen["refused"] = str(e)
+        eng = None
+    else:
+        seen["dtypes"] = sorted(stored_dtypes(eng.module))
+        sd = eng.consolidated_state_dict()
+        if rank == 0:
+            seen["export"] = sorted({str(t.dtype) for t in sd.values()})
+    if rank == 0:
+        json.dump(seen, open(out, "w"))
+    if eng is not None:
+        eng.leave(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:])

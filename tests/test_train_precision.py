@@ -1,0 +1,50 @@
+"""A ZeRO-3 run trains in the dtype it asks for on every CPU class, and refuses one it did not get.
+
+DeepSpeed 0.19.8's `zero.Init` ignored an explicit fp32 on CPUs whose oneDNN has no fp16 (AVX2, and
+AVX-512 without AVX512-FP16) and built bf16 parameters (tbhpc/train/precision.py). The class is forced
+here through the accelerator's answer, so each case runs as that class on any machine."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import cpu_class, run_ranks
+
+HERE = Path(__file__).parent
+
+
+def _engine(model, tmp_path, world: int, fp16: str, mode: str = "plain") -> dict:
+    out = tmp_path / f"w{world}-{fp16}-{mode}.json"
+    run_ranks(lambda r: [sys.executable, str(HERE / "dtype_rank.py"), str(model), str(world), str(r), str(out),
+                         fp16, mode], world)
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world,fp16", [(1, "no"), (2, "no"), (1, "yes")])
+def test_zero3_parameters_stay_fp32_whatever_the_cpu_says_about_fp16(warm_dir, tmp_path, world, fp16):
+    seen = _engine(warm_dir, tmp_path, world, fp16)
+    assert seen["fp16_supported"] == (fp16 == "yes")
+    assert seen["dtypes"] == ["float32"], (cpu_class(), seen)
+    assert seen["export"] == ["torch.float32"], (cpu_class(), seen)
+
+
+@pytest.mark.slow
+def test_a_zero3_engine_built_in_another_dtype_is_refused_in_one_line_naming_both(warm_dir, tmp_path):
+    seen = _engine(warm_dir, tmp_path, 1, "no", "bf16-init")
+    msg = seen["refused"]
+    assert "\n" not in msg and "float32" in msg and "bfloat16" in msg and "ZeRO stage 3" in msg, msg
+
+
+def test_the_check_names_the_wrong_dtype_and_passes_the_right_one():
+    from tbhpc.train.precision import PrecisionError, check_dtype, stored_dtypes
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    check_dtype(model, "fp32", 0)
+    model[1].to(torch.bfloat16)
+    assert stored_dtypes(model) == {"float32": ["0.weight", "0.bias"], "bfloat16": ["1.weight", "1.bias"]}
+    with pytest.raises(PrecisionError, match=r"trains in float32 .* built 2 of 4 parameters in bfloat16 \(first: 1.weight\)"):
+        check_dtype(model, "fp32", 0)
+    with pytest.raises(PrecisionError, match="2 of 4 parameters in float32"):
+        check_dtype(model, "bf16", 2)
