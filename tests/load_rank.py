@@ -49,7 +49,8 @@ def main(model: str, mode: str, out: str, check: str = "") -> None:
     peaks = [None] * env.world
     dist.all_gather_object(peaks, peak)
     if env.rank == 0:
-        json.dump({"peaks": peaks, "mismatched": mismatched, "params": sum(p.ds_numel if hasattr(p, "ds_numel") else
+        from tbhpc.train.precision import stored_dtypes
+        json.dump({"peaks": peaks, "mismatched": mismatched, "dtypes": sorted(stored_dtypes(m)), "params": sum(p.ds_numel if hasattr(p, "ds_numel") else
                    p.numel() for p in m.parameters())}, open(out, "w"))
     dist.barrier()
     os._exit(0)

@@ -14,7 +14,7 @@ from tbhpc.policy.batched import BatchedGenerator, check_against_transformers, s
 from tbhpc.policy.generation import LocalGenerator, Sampling, recompute_logprobs
 from tbhpc.policy.tiny import build_tiny_model
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.kernels]
 GREEDY = Sampling(temperature=0.0, max_tokens=12)
 
 

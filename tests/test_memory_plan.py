@@ -171,6 +171,7 @@ CASES = [   # small Qwen3s, one CPU rank, fp32, ZeRO-3: each term dominant in on
 
 
 @pytest.mark.slow
+@pytest.mark.kernels
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_the_plan_is_within_20_percent_of_a_real_steps_peak(case):
     """A real DeepSpeed step in its own process (peak resident memory above the process's baseline,

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import run_ranks
+from helpers import cpu_class, run_ranks
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.kernels]
 HERE = Path(__file__).parent
 
 
@@ -41,7 +41,7 @@ def test_the_update_is_the_same_on_1_2_and_3_ranks(updates, tiny_dir, world):
     from helpers import MACHINE_NOTES
     MACHINE_NOTES.append(f"rank split: 1 vs {world} gloo ranks: loss {one['loss']:.6g} vs {many['loss']:.6g}, "
                          f"max |dw| {diff:.1e} (update {moved:.1e})")
-    assert moved > 1e-4 and diff < moved * 1e-2, (moved, diff)   # measured: moved 1e-3, diff <= 1.1e-6
+    assert moved > 1e-4 and diff < moved * 1e-2, (moved, diff, cpu_class())   # measured: moved 1e-3, diff <= 1.1e-6
 
 
 def test_no_rank_builds_deepspeeds_shared_memory_op(updates):
@@ -56,5 +56,6 @@ def test_seq_mean_aggregation_is_the_same_on_1_and_3_ranks_and_differs_from_toke
     seq = _updates(tiny_dir, tmp_path, (1, 3), "seq-mean-token-mean")
     (one, w1), (three, w3) = seq[1], seq[3]
     assert three["loss"] == pytest.approx(one["loss"], rel=1e-5)
-    assert max((w1[k] - w3[k]).abs().max().item() for k in w1) < 1e-5
+    diff = max((w1[k] - w3[k]).abs().max().item() for k in w1)
+    assert diff < 1e-5, (diff, cpu_class())      # 1% of the update (lr 1e-3, Adam)
     assert abs(one["loss"] - updates[1][0]["loss"]) > 1e-3

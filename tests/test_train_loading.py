@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import MACHINE_NOTES, run_ranks
+from helpers import MACHINE_NOTES, cpu_class, run_ranks
 
 HERE = Path(__file__).parent
 pytestmark = pytest.mark.slow
@@ -20,6 +20,7 @@ def _load(model: Path, world: int, mode: str, out: Path, check: bool = False) ->
     return json.loads(path.read_text())
 
 
+@pytest.mark.kernels
 @pytest.mark.parametrize("tied", [True, False])
 def test_partitioned_weights_are_the_checkpoints(tmp_path, tied):
     from tbhpc.train.memcheck import build_model
@@ -28,6 +29,7 @@ def test_partitioned_weights_are_the_checkpoints(tmp_path, tied):
     for world in (1, 3):
         r = _load(model, world, "partitioned", tmp_path, check=True)
         assert r["mismatched"] == [], (world, r["mismatched"])
+        assert r["dtypes"] == ["float32"], (world, r["dtypes"], cpu_class())     # asked for, on every CPU class
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,8 @@ from tbhpc.rollout.buffer import Episode
 from tbhpc.train.logprobs import LogprobHead, chunked_logprobs, full_logprobs, install, token_logprobs
 from tbhpc.train.packing import pack
 
+pytestmark = pytest.mark.kernels
+
 
 def _reference(h, w, t):
     lp = torch.log_softmax((h @ w.T).float(), -1)

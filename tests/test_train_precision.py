@@ -4,6 +4,7 @@ DeepSpeed 0.19.8's `zero.Init` ignored an explicit fp32 on CPUs whose oneDNN has
 AVX-512 without AVX512-FP16) and built bf16 parameters (tbhpc/train/precision.py). The class is forced
 here through the accelerator's answer, so each case runs as that class on any machine."""
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 
 from helpers import cpu_class, run_ranks
 
+pytestmark = pytest.mark.kernels
 HERE = Path(__file__).parent
 
 
@@ -48,3 +50,14 @@ def test_the_check_names_the_wrong_dtype_and_passes_the_right_one():
         check_dtype(model, "fp32", 0)
     with pytest.raises(PrecisionError, match="2 of 4 parameters in float32"):
         check_dtype(model, "bf16", 2)
+
+
+def test_the_kernel_cap_of_make_tests_second_pass_takes_effect():
+    """`make test` runs the `kernels` tests again with torch's kernels capped at AVX2 (Makefile KERNELS_AVX2):
+    a cap that a torch release stopped reading would make that pass a copy of the first."""
+    cap = os.environ.get("ATEN_CPU_CAPABILITY")
+    if not cap:
+        pytest.skip("torch's kernels are not capped in this pass (make test's second pass caps them)")
+    assert torch.backends.cpu.get_cpu_capability() == cap.upper(), cpu_class()
+    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() == "AVX2":        # AVX2 has no native bf16: oneDNN says so
+        assert not torch.ops.mkldnn._is_mkldnn_bf16_supported(), cpu_class()
