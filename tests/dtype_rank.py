@@ -3,13 +3,14 @@
 `fp16`: what the CPU accelerator is made to answer to `is_fp16_supported()` ("no" is an AVX2 machine,
 or an AVX-512 one without AVX512-FP16; "yes" an AMX one), on whatever machine runs the test.
 `bf16-init`: DeepSpeed's `zero.Init` made to pick bf16 whatever it is asked (a future release that
-changes precision again); the engine must refuse the run. Rank 0 writes what it saw as JSON."""
+changes precision again); the engine must refuse the run. `overrides`: TrainConfig fields as JSON
+(a bf16 LoRA run). Rank 0 writes what it saw as JSON: the refusal, or {dtype: parameter count}."""
 import json
 import os
 import sys
 
 
-def main(model: str, world: int, rank: int, out: str, fp16: str, mode: str) -> None:
+def main(model: str, world: int, rank: int, out: str, fp16: str, mode: str, overrides: str = "{}") -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import torch
     from deepspeed.accelerator import get_accelerator
@@ -30,7 +31,8 @@ def main(model: str, world: int, rank: int, out: str, fp16: str, mode: str) -> N
     from tbhpc.train.engine import DistEnv, Engine
     from tbhpc.train.precision import stored_dtypes
 
-    cfg = TrainConfig(model=model, pool="-", lr=1e-3, zero_stage=3, microbatch_tokens=96, dtype="fp32")
+    cfg = TrainConfig(model=model, pool="-", lr=1e-3, zero_stage=3, microbatch_tokens=96,
+                      **{"dtype": "fp32", **json.loads(overrides)})
     seen = {"fp16_supported": accel.is_fp16_supported()}
     try:
         eng = Engine(cfg, DistEnv(rank, world, 0, "127.0.0.1", int(os.environ["MASTER_PORT"])))
@@ -38,7 +40,8 @@ def main(model: str, world: int, rank: int, out: str, fp16: str, mode: str) -> N
         seen["refused"] = str(e)
         eng = None
     else:
-        seen["dtypes"] = sorted(stored_dtypes(eng.module))
+        seen["dtypes"] = {d: len(names) for d, names in stored_dtypes(eng.module).items()}
+        seen["adapters"] = sorted({d for d, names in stored_dtypes(eng.module).items() for n in names if ".lora_" in n})
         sd = eng.consolidated_state_dict()
         if rank == 0:
             seen["export"] = sorted({str(t.dtype) for t in sd.values()})

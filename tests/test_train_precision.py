@@ -17,10 +17,10 @@ pytestmark = pytest.mark.kernels
 HERE = Path(__file__).parent
 
 
-def _engine(model, tmp_path, world: int, fp16: str, mode: str = "plain") -> dict:
+def _engine(model, tmp_path, world: int, fp16: str, mode: str = "plain", **fields) -> dict:
     out = tmp_path / f"w{world}-{fp16}-{mode}.json"
     run_ranks(lambda r: [sys.executable, str(HERE / "dtype_rank.py"), str(model), str(world), str(r), str(out),
-                         fp16, mode], world)
+                         fp16, mode, json.dumps(fields)], world)
     return json.loads(out.read_text())
 
 
@@ -29,8 +29,16 @@ def _engine(model, tmp_path, world: int, fp16: str, mode: str = "plain") -> dict
 def test_zero3_parameters_stay_fp32_whatever_the_cpu_says_about_fp16(warm_dir, tmp_path, world, fp16):
     seen = _engine(warm_dir, tmp_path, world, fp16)
     assert seen["fp16_supported"] == (fp16 == "yes")
-    assert seen["dtypes"] == ["float32"], (cpu_class(), seen)
+    assert list(seen["dtypes"]) == ["float32"], (cpu_class(), seen)
     assert seen["export"] == ["torch.float32"], (cpu_class(), seen)
+
+
+@pytest.mark.slow
+def test_a_bf16_lora_run_keeps_peft_s_fp32_adapters_over_its_bf16_base(warm_dir, tmp_path):
+    """The GPU's LoRA run (ZeRO-3, bf16): peft makes its adapters fp32 on purpose, and the check lets them be."""
+    seen = _engine(warm_dir, tmp_path, 1, "no", dtype="bf16", lora_rank=4)
+    assert "refused" not in seen, seen["refused"]
+    assert seen["adapters"] == ["float32"] and seen["dtypes"]["bfloat16"] > 0, seen
 
 
 @pytest.mark.slow
@@ -50,6 +58,12 @@ def test_the_check_names_the_wrong_dtype_and_passes_the_right_one():
         check_dtype(model, "fp32", 0)
     with pytest.raises(PrecisionError, match="2 of 4 parameters in float32"):
         check_dtype(model, "bf16", 2)
+    lora = torch.nn.ModuleDict({"base_layer": torch.nn.Linear(4, 4).to(torch.bfloat16),
+                                "lora_A": torch.nn.ModuleDict({"default": torch.nn.Linear(4, 1, bias=False)}),
+                                "lora_B": torch.nn.ModuleDict({"default": torch.nn.Linear(1, 4, bias=False)})})
+    check_dtype(torch.nn.ModuleDict({"q_proj": lora}), "bf16", 3)      # fp32 adapters over a bf16 base: peft's choice
+    with pytest.raises(PrecisionError, match="2 of 4 parameters in bfloat16"):
+        check_dtype(torch.nn.ModuleDict({"q_proj": lora}), "fp32", 3)
 
 
 def test_the_kernel_cap_of_make_tests_second_pass_takes_effect():

@@ -5,9 +5,15 @@ tensors are made by DeepSpeed, and a library can quietly disagree. DeepSpeed 0.1
 did: given an explicit `dtype`, an operator-precedence slip in `Init._set_dtype` ignores it whenever
 the accelerator reports no fp16 support (the CPU accelerator asks oneDNN, which says no on AVX2
 and on AVX-512 parts without AVX512-FP16), and picks bf16, while the run's config, records and
-digests say fp32. So the loader lets the DeepSpeed config decide (`loading.load_partitioned`), and the engine,
-once built, refuses a run whose parameters are in any other dtype than the run's (`check_dtype`):
-a future release that changes precision again stops the run in one line instead of training on.
+digests say fp32. So the loader lets the DeepSpeed config decide (`loading.load_partitioned`), and
+the engine, once built, refuses a run whose parameters are in any other dtype than the run's
+(`check_dtype`): a release that changes precision again stops the run in one line instead of
+training on.
+(DeepSpeed's own engine has such a check, `__check_params`, whose body is `return`.)
+
+One exception is deliberate: LoRA adapters may be fp32 under a bf16 base. peft upcasts the adapters
+it creates to fp32 (`autocast_adapter_dtype`, for stable updates), ZeRO-3 partitions them as they
+are, and the trained adapters then stay fp32 while the frozen base is bf16.
 """
 from __future__ import annotations
 
@@ -38,10 +44,11 @@ def stored_dtypes(module) -> dict[str, list[str]]:
 
 def check_dtype(module, run_dtype: str, zero_stage: int) -> None:
     """Refuse (one line, both dtypes named) a model whose parameters are not all in `run_dtype`
-    ('fp32' or 'bf16', as `resolved_dtype` says)."""
+    ('fp32' or 'bf16', as `resolved_dtype` says), but for fp32 LoRA adapters (module docstring)."""
     want = TORCH_NAMES[run_dtype]
     found = stored_dtypes(module)
-    wrong = {d: names for d, names in found.items() if d != want}
+    wrong = {d: [n for n in names if not (d == "float32" and _is_adapter(n))] for d, names in found.items() if d != want}
+    wrong = {d: names for d, names in wrong.items() if names}
     if not wrong:
         return
     total = sum(1 for _ in module.parameters())
@@ -50,3 +57,8 @@ def check_dtype(module, run_dtype: str, zero_stage: int) -> None:
         f"the run trains in {want} ({run_dtype}), but DeepSpeed (ZeRO stage {zero_stage}) built "
         f"{len(names)} of {total} parameters in {dtype} (first: {names[0]}); refusing to train in a precision "
         f"the run's config and records do not say (check the DeepSpeed version against pyproject.toml's pin)")
+
+
+def _is_adapter(name: str) -> bool:
+    """A LoRA adapter's matrix as peft names it (`...q_proj.lora_A.default.weight`)."""
+    return ".lora_A." in name or ".lora_B." in name
