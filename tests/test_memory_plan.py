@@ -161,17 +161,20 @@ def test_chunked_logprobs_hold_a_fraction_of_the_full_route_at_27b_width_on_fake
     assert chunked < full / 3
 
 
-CASES = [   # small Qwen3s, one CPU rank, fp32, ZeRO-3: each term dominant in one of them
+# small Qwen3s, one CPU rank, fp32, ZeRO-3: each term dominant in one of them. The two cases nearest the
+# bound (0.92x and 0.87x) also run with torch's kernels capped at AVX2 (`kernels`: make test's second pass)
+CASES = [
     {"hidden": 256, "vocab": 16384, "tokens": 1024},                                        # output head
     {"hidden": 256, "vocab": 4096, "tokens": 4096, "intermediate": 2048},                    # layer backward
-    {"hidden": 256, "vocab": 4096, "tokens": 2048, "gradient_checkpointing": False},         # no checkpointing
-    {"hidden": 256, "vocab": 4096, "tokens": 4096, "intermediate": 2048, "tiled_mlp": True},  # tiled MLP
+    pytest.param({"hidden": 256, "vocab": 4096, "tokens": 2048, "gradient_checkpointing": False},  # no checkpointing
+                 marks=pytest.mark.kernels),
+    pytest.param({"hidden": 256, "vocab": 4096, "tokens": 4096, "intermediate": 2048, "tiled_mlp": True},  # tiled MLP
+                 marks=pytest.mark.kernels),
     {"hidden": 512, "heads": 8, "kv_heads": 4, "layers": 2, "vocab": 8192, "tokens": 2048, "intermediate": 1536},
 ]
 
 
 @pytest.mark.slow
-@pytest.mark.kernels
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()))
 def test_the_plan_is_within_20_percent_of_a_real_steps_peak(case):
     """A real DeepSpeed step in its own process (peak resident memory above the process's baseline,
