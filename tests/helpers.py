@@ -61,15 +61,38 @@ def cpu_class() -> str:
 
 
 def free_port() -> int:
+    """A free port below the kernel's ephemeral range (32768-60999 on Debian): a port the kernel hands
+    out (bind to 0) can be handed again, between this check and its use, to one of the connections
+    another test's gloo ranks open, and the rendezvous then fails with EADDRINUSE (seen in a CI run)."""
+    import random
     import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    pick = random.SystemRandom()       # not the `random` a test may have seeded: two workers would agree
+    for _ in range(200):
+        port = pick.randint(20000, 32000)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000 on 127.0.0.1")
 
 
 def run_ranks(argv_of_rank, world: int, timeout: float = 300, env: dict | None = None) -> list[str]:
     """Start `world` processes of one gloo process group on this host (RANK/WORLD_SIZE/MASTER_*
-    like torchrun), wait for all, fail with every rank's output tail if one fails."""
+    like torchrun), wait for all, fail with every rank's output tail if one fails. A rendezvous port
+    taken by another process between its choice and its use (EADDRINUSE: the ranks wrote nothing yet)
+    is chosen again, twice at most."""
+    for attempt in range(3):
+        try:
+            return _run_ranks_once(argv_of_rank, world, timeout, env)
+        except AssertionError as e:
+            if attempt == 2 or "EADDRINUSE" not in str(e):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _run_ranks_once(argv_of_rank, world: int, timeout: float, env: dict | None) -> list[str]:
     import os
     import subprocess
     port = free_port()

@@ -184,7 +184,7 @@ def test_the_plan_is_within_20_percent_of_a_real_steps_peak(case):
     measured, planned = r["step_peaks"][-1], r["plan_total"]
     MACHINE_NOTES.append(f"memory plan vs step on {cpu_class()}: {case} -> plan {planned / GB:.3f} GB, "
                          f"measured {measured / GB:.3f} GB ({planned / measured:.2f}x)")
-    assert planned == pytest.approx(measured, rel=0.20)
+    assert planned == pytest.approx(measured, rel=0.20), cpu_class()
 
 
 # ---- the command and the checks before a run ------------------------------------------------------

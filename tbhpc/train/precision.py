@@ -8,8 +8,7 @@ and on AVX-512 parts without AVX512-FP16), and picks bf16, while the run's confi
 digests say fp32. So the loader lets the DeepSpeed config decide (`loading.load_partitioned`), and
 the engine, once built, refuses a run whose parameters are in any other dtype than the run's
 (`check_dtype`): a release that changes precision again stops the run in one line instead of
-training on.
-(DeepSpeed's own engine has such a check, `__check_params`, whose body is `return`.)
+training on. (DeepSpeed's engine has such a check, `__check_params`; its body is `return`.)
 
 One exception is deliberate: LoRA adapters may be fp32 under a bf16 base. peft upcasts the adapters
 it creates to fp32 (`autocast_adapter_dtype`, for stable updates), ZeRO-3 partitions them as they
@@ -28,9 +27,9 @@ class PrecisionError(TbhpcError):
 
 
 def stored_dtypes(module) -> dict[str, list[str]]:
-    """{dtype name: parameter names} as each parameter's values are stored. Under ZeRO-3 a parameter's
-    own tensor is an empty placeholder and its values live in its partition (`ds_tensor`), so that is
-    the one read; both must agree, since gathering casts the partition to the placeholder's dtype."""
+    """{dtype name: parameter names} as each parameter's values are held. Under ZeRO-3 a parameter's own
+    tensor is an empty placeholder and its values live in its partition (`ds_tensor`, what the
+    optimiser updates): both are read, and either in another dtype counts."""
     out: dict[str, list[str]] = {}
     for name, p in module.named_parameters():
         held = {str(p.dtype).removeprefix("torch.")}
