@@ -61,21 +61,10 @@ def cpu_class() -> str:
 
 
 def free_port() -> int:
-    """A free port below the kernel's ephemeral range (32768-60999 on Debian): a port the kernel hands
-    out (bind to 0) can be handed again, between this check and its use, to one of the connections
-    another test's gloo ranks open, and the rendezvous then fails with EADDRINUSE (seen in a CI run)."""
-    import random
-    import socket
-    pick = random.SystemRandom()       # not the `random` a test may have seeded: two workers would agree
-    for _ in range(200):
-        port = pick.randint(20000, 32000)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-32000 on 127.0.0.1")
+    """A free rendezvous port outside the kernel's ephemeral range (tbhpc.train.dist.free_port_pair
+    says why: a port from bind(0) once lost a CI run's LoRA fixture to another test's gloo connection)."""
+    from tbhpc.train.dist import free_port_pair
+    return free_port_pair()
 
 
 def run_ranks(argv_of_rank, world: int, timeout: float = 300, env: dict | None = None) -> list[str]:

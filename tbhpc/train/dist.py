@@ -43,11 +43,15 @@ class DistEnv:
 
 
 def free_port_pair() -> int:
-    """A port p with p and p + 1 free on this host (the rendezvous and the draw queue's store)."""
+    """A port p with p and p + 1 free on this host (the rendezvous and the draw queue's store), below
+    the kernel's ephemeral range (32768-60999 on Debian): a port the kernel hands out can be handed
+    again, between this check and its use, to a connection (gloo opens many), and the rendezvous then
+    fails with EADDRINUSE. Drawn from the system's randomness, not from a `random` a caller seeded."""
     import random
     import socket
+    pick = random.SystemRandom()
     for _ in range(200):
-        port = random.randint(20000, 59000)
+        port = pick.randint(20000, 32000)
         try:
             with socket.socket() as a, socket.socket() as b:
                 a.bind(("127.0.0.1", port))
