@@ -10,11 +10,16 @@ functions of what it read and the config, so they are tested without the node th
 """
 from __future__ import annotations
 
+import glob
 import importlib.util
+import json
 import os
 import shutil
 import sys
-from dataclasses import dataclass, field
+import sysconfig
+from dataclasses import dataclass, field, fields
+
+FAKE_NODE_ENV = "TBHPC_DOCTOR_FAKE_NODE"     # tests only: JSON of Node fields laid over the probe (a GPU node)
 
 
 @dataclass
@@ -35,6 +40,16 @@ class Node:
     vllm_what: str = ""
     slurm: str = ""                 # sbatch's path, or ""
     slurm_job: str = ""
+    flash_attn_error: str = ""      # installed but does not import (built for another torch): SDPA is used
+    nccl_wheel: str = ""            # the NCCL the trainer's environment installed (nvidia-nccl-cu*), "" if none
+    vllm_nccl: str = ""             # the same, of the serving job's environment
+    ninja: str = ""                 # CPU Adam (offload) is JIT-built: ninja, a C++ compiler, Python's headers
+    python_h: bool = False
+    cuda_visible: str | None = None   # CUDA_VISIBLE_DEVICES as this task sees it
+    local_id: int | None = None     # this task's place on its node (SLURM_LOCALID, or torchrun's LOCAL_RANK)
+    local_world: int | None = None  # tasks on this node, when known
+    task_cpus: int = 0              # CPUs this process may run on
+    job_cpus_per_task: int = 0      # what the job asked (SLURM_CPUS_PER_TASK); srun steps may get fewer
 
 
 def probe(vllm_python: str | None = None) -> Node:
@@ -59,16 +74,52 @@ def probe(vllm_python: str | None = None) -> Node:
     if importlib.util.find_spec("transformers") is not None:
         from importlib.metadata import version
         n.transformers = version("transformers")
-    n.flash_attn = importlib.util.find_spec("flash_attn") is not None
+    n.flash_attn, n.flash_attn_error = flash_attn_state()
+    n.nccl_wheel = nccl_of_env(sys.prefix)
+    n.ninja = shutil.which("ninja") or shutil.which("ninja", path=os.path.dirname(sys.executable)) or ""
+    n.python_h = os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+    from tbhpc.train.dist import local_world_size
+    n.cuda_visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    local = os.environ.get("SLURM_LOCALID", os.environ.get("LOCAL_RANK", ""))
+    n.local_id = int(local) if local.isdigit() else None
+    n.local_world = local_world_size()
+    n.task_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 0)
+    cpt = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    n.job_cpus_per_task = int(cpt) if cpt.isdigit() else 0
     n.nvcc = shutil.which("nvcc") or ""
     n.cxx = shutil.which(os.environ.get("CXX", "g++")) or ""
     from tbhpc.serve.config import default_vllm_python
     from tbhpc.serve.server import vllm_build
     n.vllm_python = vllm_python or default_vllm_python()
     n.vllm_build, n.vllm_what = vllm_build(n.vllm_python)
+    n.vllm_nccl = nccl_of_env(os.path.dirname(os.path.dirname(n.vllm_python)))
     n.slurm = shutil.which("sbatch") or ""
     n.slurm_job = os.environ.get("SLURM_JOB_ID", "")
+    if os.environ.get(FAKE_NODE_ENV):
+        known = {f.name for f in fields(Node)}
+        for k, v in json.loads(os.environ[FAKE_NODE_ENV]).items():
+            if k in known:
+                setattr(n, k, v)
     return n
+
+
+def flash_attn_state() -> tuple[bool, str]:
+    """(importable, why not): a flash-attn wheel built for another torch is found but fails to import
+    (undefined symbols), and transformers then fails to build the model instead of using SDPA."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return False, ""
+    try:
+        import flash_attn  # noqa: F401
+    except Exception as exc:        # ImportError, OSError: an ABI the installed torch does not provide
+        return False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    return True, ""
+
+
+def nccl_of_env(prefix: str) -> str:
+    """The NCCL version a Python environment installed (the nvidia-nccl-cu* wheel torch loads), read
+    from its package records without starting it; "" if it has none (a CPU build, a system NCCL)."""
+    found = sorted(glob.glob(os.path.join(prefix, "lib", "python3*", "site-packages", "nvidia_nccl_cu*-*.dist-info")))
+    return found[-1].rsplit("-", 1)[0].rsplit("-", 1)[-1] if found else ""
 
 
 def _prebuilt_ops(path: str) -> list[str]:
@@ -106,9 +157,27 @@ def problems(node: Node, cfg=None, serve=None) -> list[str]:
     elif gpu and len(node.gpus) not in (1, cfg.gpus_per_node):
         out.append(f"gpus_per_node is {cfg.gpus_per_node} but this task sees {len(node.gpus)} GPUs: Slurm must show "
                    f"each task one GPU or the node's {cfg.gpus_per_node}")
-    if gpu and cfg.offload_optimizer and not node.cxx:
-        out.append("offload_optimizer on GPU uses DeepSpeed's CPU Adam, built with a C++ compiler on first use: "
-                   "none found (g++, or $CXX)")
+    elif gpu and node.local_id is not None:       # the count is one the trainer can bind: this task's GPU
+        from tbhpc.errors import UserError
+        from tbhpc.train.dist import cuda_device
+        try:
+            cuda_device(node.local_id, len(node.gpus), node.local_world, node.cuda_visible)
+        except UserError as exc:
+            out.append(str(exc))
+    if gpu and node.flash_attn_error:
+        out.append(f"flash-attn is installed but does not import ({node.flash_attn_error}): the trainer uses SDPA, "
+                   "whose packed rows need a T x T mask; install a flash-attn built for torch "
+                   f"{node.torch or '?'} or uninstall it")
+    if gpu and cfg.offload_optimizer:
+        missing = [what for what, ok in (("a C++ compiler (g++, or $CXX)", node.cxx), ("ninja", node.ninja),
+                                         ("Python's headers (Python.h)", node.python_h)) if not ok]
+        if missing:
+            out.append("offload_optimizer on GPU uses DeepSpeed's CPU Adam, built on first use on every node: "
+                       f"missing {', '.join(missing)}")
+    if node.slurm_job and node.job_cpus_per_task > 1 and 0 < node.task_cpus < node.job_cpus_per_task:
+        out.append(f"this task runs on {node.task_cpus} CPU(s) though the job asked {node.job_cpus_per_task} per task: "
+                   "since Slurm 22.05 srun does not inherit --cpus-per-task (tbhpc's scripts pass it to srun; "
+                   "run doctor as `srun --cpus-per-task=N tbhpc doctor`)")
     if serve is not None and cfg.generator == "server":
         if not node.vllm_build:
             out.append(f"the serving job's vLLM environment {node.vllm_python}: {node.vllm_what} "
@@ -116,6 +185,12 @@ def problems(node: Node, cfg=None, serve=None) -> list[str]:
         elif serve.device in ("cpu", "cuda") and serve.device != node.vllm_build:
             out.append(f"serve device {serve.device} but {node.vllm_python} is the {node.vllm_build} build "
                        f"({node.vllm_what}): `make env-vllm VLLM_BUILD={serve.device}`")
+        trainer_nccl = node.nccl or node.nccl_wheel
+        if (gpu and cfg.sync_transport == "broadcast" and trainer_nccl and node.vllm_nccl
+                and trainer_nccl != node.vllm_nccl):
+            out.append(f"the weight broadcast joins the trainer (NCCL {trainer_nccl}) and vLLM (NCCL {node.vllm_nccl}, "
+                       f"{node.vllm_python}) in one NCCL group, which NCCL refuses across versions: install one NCCL "
+                       "in both environments, or sync_transport: files")
     return out
 
 
@@ -129,12 +204,34 @@ def render(node: Node, found: list[str], notes: list[str] = (), subject: str = "
                                                           if node.deepspeed_ops else " (no ops prebuilt; the trainer "
                                                           "needs none: torch's AdamW)" if node.deepspeed else "")),
             ("transformers", node.transformers or "missing"),
-            ("flash-attn", "installed" if node.flash_attn else "not installed (SDPA: packed rows build a T x T mask)"),
+            ("flash-attn", "installed" if node.flash_attn else
+             f"does not import ({node.flash_attn_error}): SDPA" if node.flash_attn_error else
+             "not installed (SDPA: packed rows build a T x T mask)"),
             ("nvcc", node.nvcc or "not found"), ("C++ compiler", node.cxx or "not found"),
-            ("vLLM env", f"{node.vllm_python}: {node.vllm_build or 'unknown'} build ({node.vllm_what})"),
+            ("binding", binding(node)),
+            ("CPUs", f"{node.task_cpus} for this task" + (f" (the job asked {node.job_cpus_per_task} per task)"
+                                                         if node.job_cpus_per_task else "")),
+            ("vLLM env", f"{node.vllm_python}: {node.vllm_build or 'unknown'} build ({node.vllm_what})"
+                         + (f", NCCL {node.vllm_nccl}" if node.vllm_nccl else "")),
             ("Slurm", (node.slurm or "no sbatch") + (f" (in job {node.slurm_job})" if node.slurm_job else ""))]
     lines = ["tbhpc doctor: this node"] + [f"  {k:<13} {v}" for k, v in rows]
     lines += [f"  note: {n}" for n in notes]
     lines.append(f"  nothing here would stop {subject}" if not found else
                  f"  {len(found)} thing(s) would stop {subject} (below)")
     return "\n".join(lines)
+
+
+def binding(node: Node) -> str:
+    """The GPU this task would drive, as tbhpc picks it and as DeepSpeed is then told (LOCAL_RANK)."""
+    if not node.gpus:
+        return "no GPU"
+    from tbhpc.errors import UserError
+    from tbhpc.train.dist import cuda_device
+    where = (f"local task {node.local_id}" + (f" of {node.local_world}" if node.local_world else "")
+             if node.local_id is not None else "not a Slurm task")
+    try:
+        device = cuda_device(node.local_id or 0, len(node.gpus), node.local_world, node.cuda_visible)
+    except UserError:
+        return f"{where}, sees {len(node.gpus)} GPU(s): none it can use (below)"
+    return (f"{where}, sees {len(node.gpus)} GPU(s) (CUDA_VISIBLE_DEVICES={node.cuda_visible}): drives cuda:{device}, "
+            f"DeepSpeed's LOCAL_RANK={device}")

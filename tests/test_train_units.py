@@ -263,21 +263,37 @@ def test_warmstart_phase_schedules():
     (3, 4, None, "0,1,2,3", 3),          # torchrun on 4 GPUs, no Slurm task count
 ])
 def test_each_rank_finds_its_gpu_however_slurm_binds_them(local_rank, visible, local_world, cuda_visible, want):
-    from tbhpc.train.engine import cuda_device
+    from tbhpc.train.dist import cuda_device
     assert cuda_device(local_rank, visible, local_world, cuda_visible) == want
 
 
 @pytest.mark.parametrize("local_rank, visible, local_world", [(3, 2, 4), (0, 0, 1), (4, 4, None)])
 def test_a_binding_no_rank_can_use_is_one_line(local_rank, visible, local_world):
     from tbhpc.errors import UserError
-    from tbhpc.train.engine import cuda_device
+    from tbhpc.train.dist import cuda_device
     with pytest.raises(UserError) as err:
         cuda_device(local_rank, visible, local_world, "0,1")
     assert "\n" not in str(err.value) and f"local rank {local_rank}" in str(err.value)
 
 
+@pytest.mark.parametrize("slurm, want_device", [
+    ({"SLURM_LOCALID": "3", "SLURM_NTASKS_PER_NODE": "8", "CUDA_VISIBLE_DEVICES": "3"}, 0),   # --gpus-per-task=1
+    ({"SLURM_LOCALID": "3", "SLURM_NTASKS_PER_NODE": "8", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, 3),
+])
+def test_deepspeed_drives_the_gpu_tbhpc_chose(slurm, want_device):
+    """DeepSpeed's engine and zero.Init take their device from LOCAL_RANK: with one GPU bound per task
+    it must be 0 on every task, not SLURM_LOCALID (device 3 of 1 visible: invalid device ordinal)."""
+    from tbhpc.train.dist import bind_gpu
+    environ = {"SLURM_PROCID": "11", "SLURM_NTASKS": "24", "MASTER_ADDR": "n1", "MASTER_PORT": "23456", **slurm}
+    env = DistEnv.from_environ(environ)
+    visible = len(slurm["CUDA_VISIBLE_DEVICES"].split(","))
+    assert bind_gpu(env, visible, environ) == want_device
+    assert environ["LOCAL_RANK"] == str(want_device) and environ["RANK"] == "11" and environ["WORLD_SIZE"] == "24"
+    assert env.local_rank == 3 and environ["SLURM_LOCALID"] == "3"      # the node-local place is kept
+
+
 def test_local_world_comes_from_torchrun_or_slurm():
-    from tbhpc.train.engine import local_world_size
+    from tbhpc.train.dist import local_world_size
     assert local_world_size({"LOCAL_WORLD_SIZE": "4"}) == 4
     assert local_world_size({"SLURM_NTASKS_PER_NODE": "8"}) == 8
     assert local_world_size({"SLURM_TASKS_PER_NODE": "8(x3)"}) is None

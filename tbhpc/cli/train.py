@@ -34,7 +34,7 @@ def run(args) -> int:
     except Preempted as exc:
         if trainer.rank0:
             print(f"train: {exc}", flush=True)
-        code = requeue_or_exit(trainer.rank0)
+        code = requeue_or_exit(trainer.rank0, run=args.run)
     except RankLost as exc:      # a peer died or hung: end the job (no barrier: nobody would come)
         trainer.fatal(str(exc))
     else:

@@ -75,7 +75,9 @@ def render_mpi(stage: Stage, opts: SlurmOptions) -> str:
     header = [f"--nodes={opts.nodes}", f"--ntasks={opts.ntasks}", "--requeue", f"--signal=B:USR2@{opts.signal_seconds}"] + \
         common_header(opts, f"tbhpc-{stage.name}-mpi", f"{stage.logs}/%x-%j.out")
     body = [f"export TBHPC_FLUSH_EVERY={opts.flush_every}",
-            f"srun --mpi={opts.mpi} {shlex.quote(opts.python)} -m tbhpc.launch.mpi_worker {shlex.quote(stage.run)} {stage.stage}"]
+            # --cpus-per-task again: since Slurm 22.05 a step does not inherit the job's
+            f"srun --mpi={opts.mpi} --cpus-per-task={opts.cpus_per_task} {shlex.quote(opts.python)} -m tbhpc.launch.mpi_worker "
+            f"{shlex.quote(stage.run)} {stage.stage}"]
     return script_text(header, body, stage.workdir)
 
 

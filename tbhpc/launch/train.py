@@ -28,7 +28,7 @@ import yaml
 from tbhpc.errors import UserError
 from tbhpc.launch.sbatch import common_header, env_lines, render_serve, script_text
 from tbhpc.train.config import TrainConfig
-from tbhpc.train.jobs import cancel_and_wait
+from tbhpc.train.jobs import REQUEUED_PREFIX, cancel_and_wait
 
 SERVE_PLACEHOLDER = "${SERVE_JOB_ID}"
 
@@ -63,10 +63,18 @@ def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, ser
         f"export OMP_NUM_THREADS={cfg.torch_threads}",
         *env_lines(cfg.env),
         *([rollout_line(cfg, replicas)] if cfg.generator == "server" else []),
-        "# USR2 (before the time limit) and SIGTERM (preemption) reach every rank: they checkpoint, rank 0 requeues",
-        "srun --kill-on-bad-exit=1 " + " ".join(shlex.quote(c) for c in
-                                              [opts.python, "-m", "tbhpc.cli", "train", run, "--config", config_path]),
+        "# USR2 (before the time limit) and SIGTERM (preemption) reach every rank: they checkpoint, rank 0 requeues.",
+        "# srun is given --cpus-per-task: since Slurm 22.05 a step no longer inherits the job's",
+        f"srun --kill-on-bad-exit=1 --cpus-per-task={opts.cpus_per_task} " + " ".join(
+            shlex.quote(c) for c in [opts.python, "-m", "tbhpc.cli", "train", run, "--config", config_path]),
     ]
+    if serve_job:
+        body[-1] = "rc=0\n" + body[-1] + " || rc=$?"
+        body += ["# the serving job ends with the run however its ranks ended (an error, a signal, NCCL's watchdog",
+                 "# aborting a rank), unless rank 0 requeued this job: it resumes against the same server",
+                 f"[ -e {shlex.quote(run)}/slurm/{REQUEUED_PREFIX}$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}} ] || "
+                 f"scancel {serve_job} || true",
+                 "exit $rc"]
     return script_text(header, body, workdir)
 
 

@@ -37,9 +37,17 @@ class DistEnv:
             port = free_port_pair() if world == 1 else 29500
         return cls(rank, world, local, e.get("MASTER_ADDR", "127.0.0.1"), port)
 
-    def export(self) -> None:
-        os.environ.update({"RANK": str(self.rank), "WORLD_SIZE": str(self.world), "LOCAL_RANK": str(self.local_rank),
-                           "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)})
+    def environ(self, device: int | None = None) -> dict[str, str]:
+        """The variables torch.distributed and DeepSpeed read. LOCAL_RANK is the index of the GPU this
+        rank drives (`device`, from `cuda_device`), not its place on the node: DeepSpeed's engine and
+        `zero.Init` take their device from LOCAL_RANK, and where Slurm binds each task one GPU that GPU
+        is index 0 for every task, while SLURM_LOCALID runs 0..7 ("invalid device ordinal" on rank 1)."""
+        local = self.local_rank if device is None else device
+        return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world), "LOCAL_RANK": str(local),
+                "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
+
+    def export(self, device: int | None = None) -> None:
+        os.environ.update(self.environ(device))
 
 
 def free_port_pair() -> int:
@@ -75,6 +83,15 @@ def cuda_device(local_rank: int, visible: int, local_world: int | None, cuda_vis
         return local_rank
     raise UserError(f"this trainer rank sees {visible} GPUs {where} while its node runs {local_world or '?'} ranks: "
                     f"give each task one GPU (--gpus-per-task=1) or every task all of the node's GPUs")
+
+
+def bind_gpu(env: DistEnv, visible: int, environ: dict | None = None) -> int:
+    """The GPU index this rank drives (`cuda_device` over what the task sees), exported with the rest
+    of `env` so that DeepSpeed, which reads LOCAL_RANK, drives the same one. Call before NCCL starts."""
+    e = os.environ if environ is None else environ
+    device = cuda_device(env.local_rank, visible, local_world_size(e), e.get("CUDA_VISIBLE_DEVICES"))
+    e.update(env.environ(device))
+    return device
 
 
 def local_world_size(env: dict | None = None) -> int | None:

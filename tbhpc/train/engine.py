@@ -23,7 +23,7 @@ from tbhpc import progress
 from tbhpc.errors import TbhpcError, UserError
 from tbhpc.train import memstat
 from tbhpc.train.config import TrainConfig
-from tbhpc.train.dist import DistEnv, cuda_device, local_world_size, use_gpu
+from tbhpc.train.dist import DistEnv, bind_gpu, use_gpu
 from tbhpc.train.dsconfig import attention_kernel, ds_config, resolved_dtype
 from tbhpc.train.grpo import policy_loss
 from tbhpc.train.lora import adapted_layers, base_name
@@ -61,11 +61,10 @@ class Engine:
         import deepspeed
         from transformers import AutoTokenizer
 
-        env.export()
-        if self.gpu:     # before NCCL's communicator is built
-            torch.cuda.set_device(cuda_device(env.local_rank, torch.cuda.device_count(), local_world_size(),
-                                              os.environ.get("CUDA_VISIBLE_DEVICES")))
+        if self.gpu:     # before NCCL's communicator is built; LOCAL_RANK then names the same GPU
+            torch.cuda.set_device(bind_gpu(env, torch.cuda.device_count()))
         else:
+            env.export()
             # DeepSpeed's CPU backend JIT-compiles its shared-memory all-reduce op when it starts (~25 s
             # with g++ on every new environment: the first step of each `make demo` from a fresh clone).
             # That op serves only inference_all_reduce (tensor-parallel inference); training reduces

@@ -73,11 +73,23 @@ def stop_serving_job(run: Path, log=None) -> None:
             log(f"train: cancelled the serving job {serve}")
 
 
-def requeue_or_exit(rank0: bool, log=print) -> int:
-    """After Preempted: under Slurm, rank 0 requeues the job (it restarts from the checkpoint);
-    elsewhere the caller exits with STOPPED and the same command resumes."""
+REQUEUED_PREFIX = "requeued-"     # RUN/slurm/requeued-JOB-RESTARTS: the trainer's script then keeps its server
+
+
+def requeue_marker(run: Path, job: str, restarts: str | None) -> Path:
+    return Path(run) / "slurm" / f"{REQUEUED_PREFIX}{job}-{restarts or 0}"
+
+
+def requeue_or_exit(rank0: bool, log=print, run: Path | None = None) -> int:
+    """After Preempted: under Slurm, rank 0 requeues the job (it restarts from the checkpoint) and
+    says so in `run` first, so that the job's script does not cancel the serving job as it does when
+    the run ends in any other way; elsewhere the caller exits with STOPPED and the same command resumes."""
     job = os.environ.get("SLURM_JOB_ID")
     if job and rank0:
+        if run is not None:
+            marker = requeue_marker(run, job, os.environ.get("SLURM_RESTART_COUNT"))
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
         out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
         log(f"train: requeued job {job}" if out.returncode == 0 else f"train: scontrol requeue {job} failed: {out.stderr.strip()}")
     return 0 if job else STOPPED

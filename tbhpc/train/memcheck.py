@@ -64,6 +64,7 @@ def measure(c: dict) -> dict:
     from tbhpc.rollout.buffer import Episode
     from tbhpc.train import memstat
     from tbhpc.train.config import TrainConfig
+    from tbhpc.train.dist import bind_gpu
     from tbhpc.train.engine import DistEnv, Engine
     from tbhpc.train.packing import pack
 
@@ -78,10 +79,10 @@ def measure(c: dict) -> dict:
                           checkpoint_offload=bool(c["checkpoint_offload"]), torch_threads=int(c["threads"]),
                           gpus_per_node=1 if gpu else 0, gpu_memory_gb=float(c.get("gpu_memory_gb", 80)))
         env = DistEnv.from_environ()
-        env.export()
         if gpu:
-            torch.cuda.set_device(env.local_rank)
+            torch.cuda.set_device(bind_gpu(env, torch.cuda.device_count()))
         else:
+            env.export()
             deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         deepspeed.init_distributed(dist_backend="nccl" if gpu else "gloo", verbose=False)
         _warm_imports()
