@@ -74,6 +74,7 @@ def probe(vllm_python: str | None = None) -> Node:
     if importlib.util.find_spec("transformers") is not None:
         from importlib.metadata import version
         n.transformers = version("transformers")
+    from tbhpc.train.dsconfig import flash_attn_state
     n.flash_attn, n.flash_attn_error = flash_attn_state()
     n.nccl_wheel = nccl_of_env(sys.prefix)
     n.ninja = shutil.which("ninja") or shutil.which("ninja", path=os.path.dirname(sys.executable)) or ""
@@ -101,18 +102,6 @@ def probe(vllm_python: str | None = None) -> Node:
             if k in known:
                 setattr(n, k, v)
     return n
-
-
-def flash_attn_state() -> tuple[bool, str]:
-    """(importable, why not): a flash-attn wheel built for another torch is found but fails to import
-    (undefined symbols), and transformers then fails to build the model instead of using SDPA."""
-    if importlib.util.find_spec("flash_attn") is None:
-        return False, ""
-    try:
-        import flash_attn  # noqa: F401
-    except Exception as exc:        # ImportError, OSError: an ABI the installed torch does not provide
-        return False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
-    return True, ""
 
 
 def nccl_of_env(prefix: str) -> str:

@@ -3,8 +3,8 @@
 `fp16`: what the CPU accelerator is made to answer to `is_fp16_supported()` ("no" is an AVX2 machine,
 or an AVX-512 one without AVX512-FP16; "yes" an AMX one), on whatever machine runs the test.
 `bf16-init`: DeepSpeed's `zero.Init` made to pick bf16 whatever it is asked (a future release that
-changes precision again); the engine must refuse the run. `overrides`: TrainConfig fields as JSON
-(a bf16 LoRA run). Rank 0 writes what it saw as JSON: the refusal, or {dtype: parameter count}."""
+changes precision again); the engine must refuse the run. `update`: one GRPO update. `overrides`:
+TrainConfig fields as JSON (a bf16 LoRA run). Rank 0 writes what it saw as JSON: the refusal, or {dtype: parameter count}."""
 import json
 import os
 import sys
@@ -41,6 +41,16 @@ def main(model: str, world: int, rank: int, out: str, fp16: str, mode: str, over
         eng = None
     else:
         seen["dtypes"] = {d: len(names) for d, names in stored_dtypes(eng.module).items()}
+        opt = eng.engine.optimizer          # ZeRO-3: the gradient partitions it accumulates into
+        seen["grad_accum"] = str(opt.grad_partitions_flat_buffer.dtype).removeprefix("torch.")
+        seen["communication"] = str(eng.engine.communication_data_type).removeprefix("torch.")
+        if mode == "update":                # DeepSpeed accepts the pair at stage 3 and steps with it
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from train_rank import batch
+
+            from tbhpc.train.packing import pack
+            eps, adv = batch(eng.module.config.vocab_size)
+            seen["loss"] = eng.update(pack(eps[rank::world], adv[rank::world], 96)).loss
         seen["adapters"] = sorted({d for d, names in stored_dtypes(eng.module).items() for n in names if ".lora_" in n})
         sd = eng.consolidated_state_dict()
         if rank == 0:

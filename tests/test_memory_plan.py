@@ -145,7 +145,7 @@ def test_layer_terms_match_one_decoder_layer_on_fake_tensors_at_small_and_27b_wi
 
 
 def test_chunked_logprobs_hold_a_fraction_of_the_full_route_at_27b_width_on_fake_tensors():
-    from tbhpc.plan.memory import full_logprob_bytes, head_phase
+    from tbhpc.plan.memory import COMM_BYTES, full_logprob_bytes, head_phase
     from tbhpc.train.memcheck import fake_logprobs
     shape = read_shape(str(REF_MODEL))
     lay = Layout.of(_ref(sp_size=1))
@@ -153,7 +153,7 @@ def test_chunked_logprobs_hold_a_fraction_of_the_full_route_at_27b_width_on_fake
         chunked = fake_logprobs(shape.vocab, shape.hidden, tokens, 2048)
         full = fake_logprobs(shape.vocab, shape.hidden, tokens, 2048, route="full")
         planned = sum(t.bytes for t in head_phase(shape, lay, tokens) if t.name in ("logprobs", "head gradient")) \
-            - shape.head_params * 2 * 2      # (ZeRO's reduce-scatter copies are not part of this call)
+            - shape.head_params * 2 * COMM_BYTES     # (ZeRO's fp32 reduce-scatter copies are not part of this call)
         MACHINE_NOTES.append(f"fake logprobs at 27B width, T={tokens}: chunked {chunked / GB:.2f} GB "
                              f"(plan {planned / GB:.2f}), full [T, V] route {full / GB:.2f} GB")
         assert planned == pytest.approx(chunked, rel=0.10)

@@ -42,6 +42,18 @@ def test_a_bf16_lora_run_keeps_peft_s_fp32_adapters_over_its_bf16_base(warm_dir,
 
 
 @pytest.mark.slow
+def test_a_bf16_zero3_run_accumulates_and_reduces_gradients_in_fp32(warm_dir, tmp_path):
+    """The GPU's run (ZeRO-3, bf16): DeepSpeed would sum a step's micro-batches into bf16 gradient partitions
+    and reduce-scatter them in bf16 (its defaults follow the model's dtype); tbhpc asks fp32 for both, and
+    DeepSpeed 0.19.8 takes the pair at stage 3 and steps with it (2 ranks: the reduction runs)."""
+    seen = _engine(warm_dir, tmp_path, 2, "no", "update", dtype="bf16")
+    assert "refused" not in seen, seen["refused"]
+    assert list(seen["dtypes"]) == ["bfloat16"], seen
+    assert (seen["grad_accum"], seen["communication"]) == ("float32", "float32"), seen
+    assert seen["loss"] == seen["loss"], seen        # a number, not NaN
+
+
+@pytest.mark.slow
 def test_a_zero3_engine_built_in_another_dtype_is_refused_in_one_line_naming_both(warm_dir, tmp_path):
     seen = _engine(warm_dir, tmp_path, 1, "no", "bf16-init")
     msg = seen["refused"]

@@ -1,5 +1,6 @@
 """The trainer's pieces that need no process group: the pool guard and seeded draws, the
 draw-order decision of the shared queue, packing, configs and rendered scripts."""
+import sys
 import threading
 from pathlib import Path
 
@@ -190,6 +191,32 @@ def test_deepspeed_config_follows_the_device():
     assert gpu["optimizer"]["params"]["torch_adam"] is True and gpu["optimizer"]["params"]["fused"] is True
     offload = ds_config(TrainConfig(offload_optimizer=True), gpu=True, hidden=64)["optimizer"]["params"]
     assert offload["torch_adam"] is False and "fused" not in offload       # DeepSpeed's CPU Adam on host memory
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_bf16_gradients_are_accumulated_and_reduced_in_fp32(stage):
+    """DeepSpeed follows the model's dtype for both unless told (its pair check refuses fp32 accumulation
+    without ZeRO, so stage 0 gets the fp32 reduction only); fp32 runs need neither key."""
+    bf16 = ds_config(TrainConfig(dtype="bf16", zero_stage=stage), gpu=True, hidden=64)
+    assert bf16["communication_data_type"] == "fp32"
+    assert bf16.get("data_types") == ({"grad_accum_dtype": "fp32"} if stage else None)
+    fp32 = ds_config(TrainConfig(dtype="fp32", zero_stage=stage), gpu=False, hidden=64)
+    assert "data_types" not in fp32 and "communication_data_type" not in fp32
+
+
+def test_a_flash_attn_that_is_found_but_does_not_import_means_sdpa(tmp_path, monkeypatch):
+    """A wheel built for another torch: found by find_spec, fails on import (undefined symbols)."""
+    from tbhpc.train.dsconfig import attention_kernel, flash_attn_state
+    pkg = tmp_path / "flash_attn"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('flash_attn_2_cuda.so: undefined symbol: _ZN3c10')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    assert flash_attn_state() == (False, "ImportError: flash_attn_2_cuda.so: undefined symbol: _ZN3c10")
+    assert attention_kernel(gpu=True) == "sdpa"
+    (pkg / "__init__.py").write_text("")             # one that imports
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    assert attention_kernel(gpu=True) == "flash_attention_2" and attention_kernel(gpu=False) == "sdpa"
 
 
 def test_ranks_come_from_slurm_or_torchrun():

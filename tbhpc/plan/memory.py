@@ -39,6 +39,11 @@ RESERVE_GB = 3.0            # CUDA context (~0.6 GB), NCCL's channel buffers (~1
 FRAGMENTATION = 0.05        # PyTorch's caching allocator: blocks reserved but not usable for the next request
 
 
+# Gradients are reduced in fp32 and, under ZeRO, accumulated in fp32 whatever the training dtype
+# (train/dsconfig.fp32_gradients): ZeRO's bucket and gradient partitions hold 4 bytes an element.
+COMM_BYTES = 4
+
+
 def zero_buffers(hidden: int) -> dict:
     """ZeRO's buffer sizes scaled to the model's width (the values transformers' DeepSpeed integration
     derives with "auto"): a bucket of hidden^2 elements reduces gradients, prefetch ~0.9 hidden^2,
@@ -135,7 +140,9 @@ def model_state_terms(s: ModelShape, lay: Layout) -> tuple[list[Term], list[Term
     a = s.layers * s.lora_layer_params(lay.lora_rank, lay.lora_targets) if lay.lora_rank else 0
     trained = a or n
     params = (n + a) * pb / (lay.ranks if lay.zero == 3 else 1)
-    grads = trained * 4 / lay.ranks if lay.zero >= 2 else trained * pb
+    # ZeRO-2/3: fp32 partitions; ZeRO-1 under bf16 (DeepSpeed's BF16_Optimizer): the bf16 gradients
+    # and a whole-model fp32 accumulator; no ZeRO: the parameters' own gradients
+    grads = trained * 4 / lay.ranks if lay.zero >= 2 else trained * (pb + (4 if lay.zero == 1 and pb < 4 else 0))
     master = trained * 4 / shard    # DeepSpeed keeps an fp32 copy even of fp32 parameters (measured)
     adam = trained * 8 / shard
     what = f"{n / 1e9:.2f}B" + (f" frozen + {a / 1e6:.1f}M adapters" if a else "")
@@ -145,7 +152,7 @@ def model_state_terms(s: ModelShape, lay: Layout) -> tuple[list[Term], list[Term
              f"{what} x {pb} B" + (f" / {lay.ranks} ranks" if lay.zero == 3 else "")))
     (host if lay.offload_optimizer else gpu).append(
         Term("gradients", grads, "offload_optimizer", ("adapters' " if a else "")
-             + ("fp32 partitions" if lay.zero >= 2 else "whole model")))
+             + ("fp32 partitions" if lay.zero >= 2 else "whole model" + (", and in fp32" if lay.zero == 1 and pb < 4 else ""))))
     (host if lay.offload_optimizer else gpu).append(
         Term("optimizer states", master + adam, "offload_optimizer",
              f"fp32 master + Adam m, v{' of the adapters' if a else ''}{f' / {shard} ranks' if shard > 1 else ''}"))
@@ -161,7 +168,8 @@ def common_terms(s: ModelShape, lay: Layout, tokens: int) -> tuple[list[Term], l
     gpu, host = model_state_terms(s, lay)
     pb, t = lay.dtype_bytes, _local(lay, tokens)
     if lay.zero >= 1 and lay.gpu:
-        gpu.append(Term("reduce bucket", zero_buffers(s.hidden)["reduce_bucket_size"] * pb, "", "ZeRO's gradient bucket"))
+        gpu.append(Term("reduce bucket", zero_buffers(s.hidden)["reduce_bucket_size"] * COMM_BYTES, "",
+                        "ZeRO's gradient bucket, fp32"))
     if lay.checkpointing:
         kept = Term("checkpoints", s.layers * t * s.hidden * pb, "checkpoint_offload",
                     f"{s.layers} layers x {t:,} tokens x {s.hidden:,}")
@@ -181,8 +189,8 @@ def head_phase(s: ModelShape, lay: Layout, tokens: int) -> list[Term]:
     c = min(lay.chunk, t)
     out = [Term("logprobs", c * s.vocab * (8 + pb), "logprob_chunk", f"chunks of {c:,} x {s.vocab:,} vocab")]
     if not lay.lora_rank:           # under LoRA the head is frozen: no weight gradient
-        out.append(Term("head gradient", s.head_params * (4 + (pb if pb < 4 else 0) + (2 * pb if lay.zero >= 2 else 0)),
-                        "", "fp32, its cast; ZeRO's flattened copy and reduce-scatter output"))
+        out.append(Term("head gradient", s.head_params * (4 + (pb if pb < 4 else 0) + (2 * COMM_BYTES if lay.zero >= 2 else 0)),
+                        "", "fp32, its cast; ZeRO's flattened copy and reduce-scatter output, fp32"))
     if lay.zero == 3:
         out.append(Term("head gathered", s.head_params * pb, "", "ZeRO-3 gathers the head to run it"))
     if not lay.checkpointing:
