@@ -11,8 +11,9 @@ a file sync is. Protocol (both sides import only this module and tbhpc_wire):
    each in the served dtype on the way, then writes the ready marker `step-N.ready` with
    `transport: broadcast`, the digests and the fingerprint, and no path;
 4. the supervisor checks what its workers now hold against that marker, as after any sync.
-Nobody joins within the offer's timeout (no server, or one restarting): the offer is withdrawn and
-the trainer publishes through files instead, so a sync never depends on the server being up.
+Nobody joins within the offer's timeout (no server, or one restarting), or the group does not form
+(NCCL refuses it): the offer is withdrawn and the trainer publishes through files instead, so a
+sync never depends on the server being up.
 Broadcast markers have no files: a server (re)started later starts from the newest marker that has
 them, and the trainer's next publication brings it forward.
 """
@@ -111,18 +112,21 @@ class Sender:
             ok = self.group.wait_joined(timeout_s)
         except PermissionError as exc:
             ok, self.refused = False, str(exc)
+        except Exception as exc:        # NCCL refused the group (DistBackendError: versions, a GPU twice, IB)
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            ok, self.refused = False, f"weight broadcast: the group did not form ({type(exc).__name__}: {first})"
         self.join_s = time.monotonic() - t0
         if not ok:
             withdraw(self.run, self.step)
-            self.group.close()
+            self.group.abort()          # nothing was sent: nothing to wait for
         return ok
 
     def send(self, tensors: Iterable) -> int:
+        """The stream, closed once every byte has landed (the time to here is the transfer's)."""
         from tbhpc.serve.vllm_ext.tbhpc_wire import send
         try:
             return send(self.group, self.meta, tensors, self.bucket_bytes)
         finally:
-            self.group.close()
             withdraw(self.run, self.step)
 
 

@@ -220,6 +220,12 @@ class VLLMServer:
             untrusted = [r["untrusted"] for r in results if isinstance(r, dict) and r.get("untrusted")]
             if untrusted:
                 raise UntrustedGroup(untrusted[0])
+            unjoined = [r["unjoined"] for r in results if isinstance(r, dict) and r.get("unjoined")]
+            if unjoined:
+                raise UnjoinedGroup(f"the broadcast's group did not form ({unjoined[0]})")
+            failed = [r["failed"] for r in results if isinstance(r, dict) and r.get("failed")]
+            if failed:           # the stream was taken to its end (no one hangs); the weights are a mix
+                raise RuntimeError(f"a worker's load failed mid-stream ({failed[0]})")
             report = merge_reports(results)
             self.client.post("/reset_prefix_cache", timeout=60)
             self.set_version(version)
@@ -230,6 +236,11 @@ class VLLMServer:
 
 class UntrustedGroup(Exception):
     """A broadcast's group held a member that could not prove the run's token: nothing was sent."""
+
+
+class UnjoinedGroup(UntrustedGroup):
+    """A broadcast's group did not form (NCCL refused it, the rendezvous timed out): nothing was sent,
+    and, as for an untrusted one, the server keeps what it serves and waits for the files."""
 
 
 def merge_reports(results: list) -> dict:

@@ -36,7 +36,7 @@ from tbhpc.serve.checkpoints import (BASE_VERSION, REJECTED, UNVERIFIED, Publish
 from tbhpc.serve.config import ServeConfig
 from tbhpc.serve.endpoint import Endpoint, remove_endpoint, write_endpoint
 from tbhpc.serve.fingerprint import Fingerprint, default_tol, distance, served_logprobs
-from tbhpc.serve.server import UntrustedGroup, VLLMServer
+from tbhpc.serve.server import UnjoinedGroup, UntrustedGroup, VLLMServer
 from tbhpc.serve.verify import Verdict, check_weights
 
 __all__ = ["Supervisor", "version_step", "BASE_VERSION"]
@@ -160,12 +160,13 @@ class Supervisor:
         previous = self.current
         try:
             report = self.server.receive(offer, provisional)
-        except UntrustedGroup as exc:   # nothing was sent: keep serving what is verified, wait for the files
+        except UntrustedGroup as exc:   # nothing was sent (not trusted, or not formed): keep serving, wait for the files
             self.untrusted_at = offer.offered_at
-            entry = {"version": offer.version, "transport": "broadcast", "mode": "broadcast", "untrusted": str(exc),
+            key, what = ("unjoined", "did not happen") if isinstance(exc, UnjoinedGroup) else ("untrusted", "was not trusted")
+            entry = {"version": offer.version, "transport": "broadcast", "mode": "broadcast", key: str(exc),
                      "verified": False, "served_as": self.endpoint.version}
             record_sync(self.run, entry)
-            self.log(f"serve: WARNING: the broadcast of {offer.version} was not trusted ({exc}); still serving "
+            self.log(f"serve: WARNING: the broadcast of {offer.version} {what} ({exc}); still serving "
                      f"{self.endpoint.version}")
             return entry
         except Exception as exc:    # the trainer vanished mid-stream, a worker failed: nothing to announce

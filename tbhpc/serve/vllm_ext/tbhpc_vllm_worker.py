@@ -143,37 +143,31 @@ class WeightSync:
                       timeout_s: float = 600.0) -> dict:
         """Join the trainer's broadcast (tbhpc_wire) and load the tensors as the buckets arrive, then
         refresh kernel copies exactly as a file reload does. Every worker of every replica receives
-        every full tensor (vLLM's loaders cut their shards); its group rank follows its place."""
+        every full tensor (vLLM's loaders cut their shards); its group rank follows its place.
+        Never raises (an exception in an RPC ends vLLM's engine): a group that did not form or was
+        not trusted leaves the weights as they were ("unjoined", "untrusted"); a stream that broke
+        while loading says "failed" (the weights are then a mix, and the supervisor refuses them)."""
         from tbhpc_auth import read_token_file
-        from tbhpc_wire import Group, receive
+        from tbhpc_wire import join, take
         place = self.tbhpc_place()
         rank = 1 + (place["dp_rank"] * place["pp"] + place["pp_rank"]) * place["tp"] + place["tp_rank"]
         device = str(getattr(self, "device", "cpu") or "cpu")
         t0 = time.perf_counter()
-        try:
-            group = Group(host, int(port), rank, int(world), device, timeout_s, read_token_file()).join()
-        except PermissionError as exc:      # a member without the token: nothing was sent, nothing changed here
-            return {"untrusted": str(exc), "rank": rank}
+        group, why_not = join(host, int(port), rank, int(world), device, timeout_s, read_token_file())
+        if group is None:
+            return {**why_not, "rank": rank}
         joined = time.perf_counter()
-        received = {"bytes": 0}
 
-        def stream():
-            for name, t in receive(group, meta, int(bucket_bytes)):
-                received["bytes"] += t.numel() * t.element_size()
-                yield name, t
-
-        try:
+        def load(stream) -> dict:
             if _fault() == "skip_reload":          # take the bytes (the sender must finish), load nothing
-                for _ in stream():
+                for _ in stream:
                     pass
-                report = {**self.tbhpc_kernel_paths(), "refreshed": [], "stale": [], "reload_s": 0.0,
-                          "refresh_s": 0.0, "test_fault": "skip_reload"}
-            else:
-                report = self._reload(lambda: self.reload_weights(weights_iterator=stream(), is_checkpoint_format=True))
-        finally:
-            group.close()
-        report.update({"join_s": round(joined - t0, 4), "receive_s": round(time.perf_counter() - joined, 4),
-                       "bytes": received["bytes"], "rank": rank})
+                return {**self.tbhpc_kernel_paths(), "refreshed": [], "stale": [], "reload_s": 0.0,
+                        "refresh_s": 0.0, "test_fault": "skip_reload"}
+            return self._reload(lambda: self.reload_weights(weights_iterator=stream, is_checkpoint_format=True))
+
+        report = take(group, meta, int(bucket_bytes), load)
+        report.update({"join_s": round(joined - t0, 4), "rank": rank})
         return report
 
     def _reload(self, load) -> dict:
