@@ -39,6 +39,21 @@ def test_chunked_values_and_gradients_equal_the_full_logits_route(chunk):
     assert torch.allclose(got[2], w.grad, atol=1e-5)
 
 
+def test_bf16_logits_are_computed_in_fp32_not_rounded_to_bf16_first():
+    """A bf16 run's head: its logits must be the fp32 product of the bf16 values (a bf16 GEMM output
+    rounds each logit to 8 bits of mantissa first: ~0.01 nats of noise in every logprob)."""
+    torch.manual_seed(2)
+    n, hid, vocab = 64, 256, 4096
+    h = torch.randn(n, hid).to(torch.bfloat16)
+    w = (torch.randn(vocab, hid) * 0.25).to(torch.bfloat16)          # logits of std ~4, as a trained head's
+    t = torch.randint(0, vocab, (n,))
+    got = chunked_logprobs(h, w, t, chunk=16, entropy=True)
+    lp, ent = _reference(h.double(), w.double(), t)                  # the same bf16 values, exactly
+    rounded, _ = _reference(h, w, t)                                 # what a bf16 logit GEMM gives
+    assert (got[:, 0].double() - lp).abs().max() < 1e-5 and (got[:, 1].double() - ent).abs().max() < 1e-3
+    assert (rounded.double() - lp).abs().max() > 1e-3                # the rounding this avoids is real here
+
+
 def test_chunked_backward_is_the_exact_derivative():
     torch.manual_seed(1)
     h = torch.randn(13, 6, dtype=torch.float64, requires_grad=True)

@@ -228,13 +228,23 @@ def test_ranks_come_from_slurm_or_torchrun():
     assert DistEnv.from_environ({}).world == 1
 
 
+def test_the_trainer_s_ports_stay_below_the_ephemeral_range():
+    """Debian hands out 32768-60999 to outgoing connections (NCCL's, gloo's, HTTP clients'): a rendezvous
+    port in that range may be taken on rank 0's node and the job dies at start with EADDRINUSE."""
+    import re
+    text = render_train("/r", "/r/t.yaml", TrainConfig(model="m", pool="p"), "/w")
+    base, step, mod = map(int, re.search(r"MASTER_PORT=\$\(\((\d+) \+ (\d+) \* \(SLURM_JOB_ID % (\d+)\)\)\)", text).groups())
+    ports = [base + step * (job % mod) + k for job in range(0, 10 * mod, 7) for k in (0, 1)]
+    assert min(ports) >= 20000 and max(ports) < 32768
+
+
 def test_trainer_script_asks_for_nodes_and_ranks(tmp_path):
     cfg = TrainConfig(model="m", pool="p", nodes=3, gpus_per_node=8, serve_config="jobs/serve.yaml",
                       serve={"device": "cuda", "tensor_parallel_size": 4, "data_parallel_size": 2})
     text = render_train("/runs/r", "/runs/r/train.yaml", cfg, "/work", serve_job="1234")
     for line in ("#SBATCH --dependency=after:1234", "#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=8",
                  "#SBATCH --gpus-per-node=8", "#SBATCH --requeue", "#SBATCH --signal=USR2@120",
-                 "export MASTER_PORT=$((20000 + 2 * (SLURM_JOB_ID % 20000)))",
+                 "export MASTER_PORT=$((20000 + 2 * (SLURM_JOB_ID % 6383)))",
                  "srun --kill-on-bad-exit=1 "):
         assert line in text, line
     assert "tbhpc.cli train /runs/r --config /runs/r/train.yaml" in text

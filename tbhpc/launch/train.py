@@ -56,10 +56,11 @@ def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, ser
     if cfg.gpus_per_node and not opts.gres:
         header.append(f"--gpus-per-node={cfg.gpus_per_node}")
     body = [
-        "# rank 0's node hosts the rendezvous on MASTER_PORT and the draw queue on MASTER_PORT+1 (ports from the job id)",
+        "# rank 0's node hosts the rendezvous on MASTER_PORT and the draw queue on MASTER_PORT+1 (ports from the job id,",
+        "# in 20000-32765: below the kernel's ephemeral range, where an outgoing connection may already hold a port)",
         'first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
         'export MASTER_ADDR=$(scontrol show node "$first" | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')',
-        "export MASTER_PORT=$((20000 + 2 * (SLURM_JOB_ID % 20000)))",
+        "export MASTER_PORT=$((20000 + 2 * (SLURM_JOB_ID % 6383)))",
         f"export OMP_NUM_THREADS={cfg.torch_threads}",
         *env_lines(cfg.env),
         *([rollout_line(cfg, replicas)] if cfg.generator == "server" else []),

@@ -6,7 +6,7 @@ them; autograd then keeps about three such tensors for the backward. At V = 151,
 0.6 GB per 1k tokens each, ~60 GB for a 32k-token micro-batch: more than the GPU has.
 
 Here the output head runs on `chunk` positions at a time, inside one autograd function:
-- forward: logits of a chunk in fp32, their log-sum-exp, the target's logprob and (if asked) the
+- forward: logits of a chunk computed in fp32 (`_logits`), their log-sum-exp, the target's logprob and (if asked) the
   entropy; the chunk's logits are dropped before the next chunk;
 - backward: the chunk's logits are recomputed and the gradient with respect to them is formed in
   place (d lp / dz = onehot - p; d H / dz = -p (z - E_p[z])), then turned into the gradients of the
@@ -41,9 +41,24 @@ def _rowdot(a, b):
     return (a[:, None, :] @ b[:, :, None]).reshape(-1)
 
 
+def _logits(h, weight):
+    """A chunk's logits computed in fp32, not bf16 logits upcast: a bf16 GEMM output rounds every
+    logit to 8 bits of mantissa (steps of 0.125 at |z| in 16-32), ~0.01 nats of noise in each logprob
+    that would enter the ratio, the clip and the mismatch figures. On a GPU the bf16 GEMM writes fp32
+    (aten::mm.dtype); where that kernel is missing (CPUs) the operands are widened, which is exact."""
+    if h.dtype not in (torch.bfloat16, torch.float16):
+        return _wide(torch.nn.functional.linear(h, weight))
+    if h.is_cuda:
+        try:
+            return torch.mm(h, weight.t(), out_dtype=torch.float32)
+        except (TypeError, NotImplementedError, RuntimeError):      # a torch without the fp32-output GEMM
+            pass
+    return torch.nn.functional.linear(h.float(), weight.float())
+
+
 def _chunk_terms(h, weight, targets, entropy: bool):
     """Logits of one chunk in fp32 and the per-token (logprob, entropy, log-sum-exp)."""
-    z = _wide(torch.nn.functional.linear(h, weight))
+    z = _logits(h, weight)
     lse = torch.logsumexp(z, -1)
     lp = z.gather(1, targets[:, None]).squeeze(1) - lse
     ent = None
@@ -78,7 +93,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         for a in range(0, n, chunk):
             h, t, g = hidden[a:a + chunk], targets[a:a + chunk], grad_out[a:a + chunk]
             with torch.no_grad():
-                z = _wide(torch.nn.functional.linear(h, weight))
+                z = _logits(h, weight)
                 lse = torch.logsumexp(z, -1, keepdim=True)
                 p = z.sub(lse).exp_()
                 if ctx.entropy and bool((g[:, 1] != 0).any()):

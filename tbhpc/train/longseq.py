@@ -110,30 +110,60 @@ def tile_mlps(model, agree) -> int:
 
 
 # ---- gradient checkpoints in host memory -----------------------------------------------------------
-class _OffloadedCheckpoint(torch.autograd.Function):
-    """A layer run without keeping its activations, its input parked in host memory until the
-    backward recomputes it (the reentrant form: DeepSpeed ZeRO-3 gathers the layer's parameters
-    again for the recompute through its module hooks)."""
+class HostSlot:
+    """One checkpointed layer's place in host memory, reused by every micro-batch. On a GPU it is
+    pinned, and torch's pinned allocator rounds each request up to a power of two and caches freed
+    blocks per size for the life of the process: a fresh buffer per layer and micro-batch would hold up
+    to twice the plan's "checkpoints" term, more when micro-batches differ in length. A slot grows to the
+    largest input it has held and keeps that one buffer; the plan counts `layers x tokens x hidden`."""
+
+    def __init__(self):
+        self.buf = None
+        self.busy = False
+
+    def hold(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A host copy of `hidden` (asynchronous from a GPU: the backward's copy back is queued after it)."""
+        n = hidden.numel()
+        if self.busy:           # a second forward before the backward (never in tbhpc's step): a buffer of its own
+            return self._new(hidden.dtype, n, hidden.is_cuda)[:n].view(hidden.shape).copy_(hidden, non_blocking=True)
+        if self.buf is None or self.buf.numel() < n or self.buf.dtype != hidden.dtype:
+            self.buf = None
+            self.buf = self._new(hidden.dtype, n, hidden.is_cuda)
+        self.busy = True
+        return self.buf[:n].view(hidden.shape).copy_(hidden.detach(), non_blocking=True)
+
+    def release(self) -> None:
+        self.busy = False
 
     @staticmethod
-    def forward(ctx, run, hidden, *rest):
-        ctx.run, ctx.rest, ctx.device = run, rest, hidden.device
+    def _new(dtype, n: int, pinned: bool) -> torch.Tensor:
+        USED["host_buffers"] += 1
+        return torch.empty(n, dtype=dtype, pin_memory=pinned)
+
+
+class _OffloadedCheckpoint(torch.autograd.Function):
+    """A layer run without keeping its activations, its input parked in host memory (the layer's
+    HostSlot) until the backward recomputes it (the reentrant form: DeepSpeed ZeRO-3 gathers the
+    layer's parameters again for the recompute through its module hooks)."""
+
+    @staticmethod
+    def forward(ctx, run, slot, hidden, *rest):
+        ctx.run, ctx.rest, ctx.device, ctx.slot = run, rest, hidden.device, slot
         ctx.rng = torch.get_rng_state(), (torch.cuda.get_rng_state(hidden.device) if hidden.is_cuda else None)
         with torch.no_grad():
             out = run(hidden, *rest)
-        if hidden.is_cuda:
-            host = torch.empty(hidden.shape, dtype=hidden.dtype, pin_memory=True)
-            host.copy_(hidden, non_blocking=True)
-        else:
-            host = hidden.detach().clone()     # a CPU rank: host memory already (kept apart from autograd's copy)
-        ctx.host = host
+        ctx.host = slot.hold(hidden)
         return out
 
     @staticmethod
     def backward(ctx, grad):
-        hidden = ctx.host.to(ctx.device, non_blocking=True).requires_grad_(True)
+        hidden = ctx.host.to(ctx.device, non_blocking=True)
+        if hidden is ctx.host:      # a CPU rank: the slot itself, which the next micro-batch overwrites
+            hidden = hidden.clone()
+        hidden.requires_grad_(True)
         USED["offloaded_recomputes"] += 1
         ctx.host = None
+        ctx.slot.release()
         cpu_rng, dev_rng = ctx.rng
         with torch.random.fork_rng(devices=[ctx.device] if dev_rng is not None else []):
             torch.set_rng_state(cpu_rng)
@@ -143,12 +173,12 @@ class _OffloadedCheckpoint(torch.autograd.Function):
                 out = ctx.run(hidden, *ctx.rest)
         out = out[0] if isinstance(out, tuple) else out
         torch.autograd.backward(out, grad)
-        return (None, hidden.grad) + (None,) * len(ctx.rest)
+        return (None, None, hidden.grad) + (None,) * len(ctx.rest)
 
 
-def offloaded_checkpoint(run, hidden, *rest):
-    """The gradient-checkpointing function HF layers call (`_gradient_checkpointing_func`)."""
-    return _OffloadedCheckpoint.apply(run, hidden, *rest)
+def offloaded_checkpoint(slot: HostSlot):
+    """The gradient-checkpointing function one HF layer calls (`_gradient_checkpointing_func`)."""
+    return lambda run, hidden, *rest: _OffloadedCheckpoint.apply(run, slot, hidden, *rest)
 
 
 def offload_checkpoints(model) -> int:
@@ -157,7 +187,7 @@ def offload_checkpoints(model) -> int:
     model.gradient_checkpointing_enable()
     layers = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False)]
     for m in layers:
-        m._gradient_checkpointing_func = offloaded_checkpoint
+        m._gradient_checkpointing_func = offloaded_checkpoint(HostSlot())
     if not layers:
         raise UserError("train config: field 'checkpoint_offload' needs a model with HF gradient checkpointing")
     return len(layers)
