@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tbhpc import progress
-from tbhpc.train.watch import RankLost, Watch
+from tbhpc.train.watch import RankLost, Watch, collectives
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,6 +65,26 @@ def test_the_meeting_waits_for_a_slow_peer_that_works_and_gives_up_on_one_that_d
     me.stop(), peer.stop()
     assert "rank 1 finished no work for" in str(err.value) and "the rollouts of step 2" in str(err.value)
     assert "field 'collective_timeout_s' is 0.8 s" in str(err.value)
+
+
+def test_under_nccl_a_collective_that_never_completes_still_ends_in_one_line():
+    """NCCL never raises on the host (stand-in: the phase's body blocks as a host sync on a hung NCCL
+    collective does); the timer gives the line, through the watch's fatal path, before the watchdog."""
+    store = _store()
+    lost = []
+    watch = Watch(store, 0, 2, dead_s=60, stall_s=60, field="collective_timeout_s", on_fatal=lost.append, beat_s=0.1)
+    peer = Watch(store, 1, 2, dead_s=60, stall_s=60, field="collective_timeout_s", beat_s=0.1)
+    watch.start(), peer.start()
+    with collectives(watch, "the update of step 2", 0.5, nccl=True):
+        deadline = time.monotonic() + 5
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+    with collectives(watch, "the update of step 3", 0.5, nccl=True):
+        pass                                        # done in time: the timer is cancelled
+    time.sleep(0.8)
+    watch.stop(), peer.stop()
+    assert len(lost) == 1 and "\n" not in lost[0], lost
+    assert "a collective of the update of step 2 waited longer than field 'collective_timeout_s' (0.5 s)" in lost[0]
 
 
 def test_one_rank_needs_no_watch():

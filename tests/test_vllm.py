@@ -160,6 +160,7 @@ def test_fp32_sync_then_a_damaged_checkpoint_is_refused(tmp_path, tiny_dir, tiny
         print(machine, "sync 1:", s1)
         MACHINE_NOTES.append(f"vLLM fp32: kernels {s1['kernels']}, reload refreshed {s1.get('reload', {}).get('refreshed')}")
         assert (s1["mode"], s1["verified"], s1["kernels"]["dtype"]) == ("reload", True, "float32"), machine
+        assert "model_runner" in s1["kernels"]["runner"].lower(), machine     # which runner took the weights
         prompt = tok.encode("I want a refund for my flight.")
         out = ServerGenerator(ep.base_url, ep.model, token=ep.client().token).generate(prompt, Sampling(max_tokens=16), seed=3)
         lp_b = np.array(recompute_logprobs(model_b, prompt + out.token_ids, len(prompt)))

@@ -164,8 +164,10 @@ class VLLMServer:
     def kernel_report(self) -> dict:
         """Which GEMM path the linear layers took and the dtype the engine computes in
         (`tbhpc_vllm_worker.WeightSync`): the machine class a sync result depends on."""
-        r = merge_reports(self.rpc("tbhpc_kernel_paths"))
-        return {"paths": r["paths"], "dtype": r["dtype"]}
+        results = self.rpc("tbhpc_kernel_paths")
+        r = merge_reports(results)
+        runners = sorted({x.get("runner", "") for x in results if isinstance(x, dict)} - {""})
+        return {"paths": r["paths"], "dtype": r["dtype"], **({"runner": ", ".join(runners)} if runners else {})}
 
     def reload(self, weights_path: str, version: str, method: str = "tbhpc") -> dict:
         """In-place reload: pause (in-flight requests per pause_mode), load the new safetensors

@@ -131,20 +131,39 @@ class Watch:
 
 
 @contextmanager
-def collectives(watch: "Watch", phase: str, timeout_s: float):
+def collectives(watch: "Watch", phase: str, timeout_s: float, nccl: bool | None = None):
     """Run a phase of collectives; the process group's timeout (a peer alive but never arriving) comes
-    out as one line naming the phase and the field instead of a backend's traceback."""
+    out as one line naming the phase and the field instead of a backend's traceback. gloo raises on
+    the host at the timeout; NCCL does not (the host waits in a later sync and NCCL's watchdog aborts
+    the process, printing its own dump), so under NCCL a timer says the line, and ends the run through
+    the watch (the serving job cancelled), just before the watchdog would. `nccl`: None asks torch."""
     watch.phase = phase
+    timer = None
+    if _nccl() if nccl is None else nccl:
+        timer = threading.Timer(0.95 * timeout_s, lambda: watch.on_fatal(_timed_out(watch, phase, timeout_s)))
+        timer.daemon = True
+        timer.start()
     try:
         yield
     except RuntimeError as exc:
         text = str(exc).lower()
         if "timed out" not in text and "timeout" not in text:
             raise
-        dead = watch.dead_peer()
-        raise RankLost(f"rank {watch.rank}: a collective of {phase} waited longer than field {watch.field!r} "
-                       f"({timeout_s:g} s) for the other ranks" + (f"; {dead}" if dead else
-                       "; every rank still answers: one is slower than that, raise it")) from None
+        raise RankLost(_timed_out(watch, phase, timeout_s)) from None
+    finally:
+        if timer is not None:
+            timer.cancel()
+
+
+def _timed_out(watch: "Watch", phase: str, timeout_s: float) -> str:
+    dead = watch.dead_peer()
+    return (f"rank {watch.rank}: a collective of {phase} waited longer than field {watch.field!r} ({timeout_s:g} s) "
+            "for the other ranks" + (f"; {dead}" if dead else "; every rank still answers: one is slower than that, raise it"))
+
+
+def _nccl() -> bool:
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized() and dist.get_backend() == "nccl"
 
 
 def die(line: str) -> None:

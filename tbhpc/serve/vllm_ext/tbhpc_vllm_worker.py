@@ -86,7 +86,10 @@ class WeightSync:
         if not paths:   # GPU (or any platform without CPU dispatch): linear layers read their parameters
             paths = Counter("gpu" for _, m in model.named_modules() if hasattr(m, "quant_method") and hasattr(m, "weight"))
         dtype = str(self.vllm_config.model_config.dtype).removeprefix("torch.")
-        return {"paths": dict(paths), "dtype": dtype}
+        # vLLM 0.32 runs its "model runner V2" on CUDA by default and a V1-derived one on CPUs: every
+        # CPU test ran the latter, so a sync record says which one took the weights
+        runner = type(self.model_runner)
+        return {"paths": dict(paths), "dtype": dtype, "runner": f"{runner.__module__}.{runner.__name__}"}
 
     def tbhpc_place(self, replicas: int = 0) -> dict:
         """Where this worker sits: data-parallel replica, pipeline stage, tensor-parallel rank (of sizes).
