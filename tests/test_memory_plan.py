@@ -57,6 +57,20 @@ def test_the_reference_run_fits_on_80_and_141_gb_and_the_longest_episode_is_beyo
     assert "sequence parallel 4, data parallel 4" in text and "verdict: fits" in text
 
 
+def test_without_flash_attn_a_packed_micro_batch_pays_sdpa_s_mask():
+    """transformers hands SDPA a dense T x T mask for a packed row (two episodes in one pass); under
+    sequence parallelism a pass holds one episode and no mask. The plan counts it where a node has no
+    flash-attn that imports (doctor and the trainer say; otherwise the plan assumes one, and says so)."""
+    one_rank = _ref(sp_size=1, tiled_mlp=True, gpus_per_node=8, nodes=8, max_context=32768)
+    assumed, sdpa = plan(one_rank), plan(one_rank, flash=False)
+    mask = {t.name: t.bytes for t in sdpa.terms}["packed mask"]
+    assert mask == sdpa.tokens ** 2 * 3 and "packed mask" not in {t.name for t in assumed.terms}
+    assert sdpa.longest_episode < assumed.longest_episode
+    assert "assumes flash-attn" in render(assumed) and "no flash-attn on the nodes" in render(sdpa)
+    assert "packed mask" not in {t.name for t in plan(_ref(), flash=False).terms}        # sp 4: one episode a pass
+    assert plan(_ref(), flash=True).total == plan(_ref()).total
+
+
 @pytest.mark.parametrize("golden, fields", [("plan_reference.txt", {}),
                                             ("plan_reference_lora.txt", {"lora_rank": 16, "host_memory_gb": 256})])
 def test_the_rendered_plan_is_golden(golden, fields):

@@ -28,12 +28,13 @@ def run(args) -> int:
         if cfg.generator == "server":
             from tbhpc.launch.train import serve_config_for
             serve = serve_config_for(cfg)
+    node = probe(serve.python if serve is not None else None)
+    if cfg is not None:
         from tbhpc.plan.memory import plan, plannable
-        if plannable(cfg.model):
-            p = plan(cfg)
+        if plannable(cfg.model):      # on a GPU node, with the attention kernel the trainer will get there
+            p = plan(cfg, flash=node.flash_attn if node.gpus else None)
             if not p.fits:
                 found.append(f"memory: {p.problem}")
-    node = probe(serve.python if serve is not None else None)
     found = problems(node, cfg, serve) + found
     print(render(node, found, subject="the config" if cfg is not None else "a run on this node"), flush=True)
     for line in found:

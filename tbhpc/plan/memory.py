@@ -62,7 +62,7 @@ class Layout:
     sp: int
     zero: int
     dtype_bytes: int            # parameters and activations: 2 (bf16) or 4 (fp32)
-    attention: str              # flash (varlen: no T^2 term) | sdpa
+    attention: str              # flash (assumed) | flash-attn (it imports) | sdpa (packed rows: a T^2 mask)
     checkpointing: bool
     checkpoint_offload: bool
     tiled_mlp: bool
@@ -85,12 +85,14 @@ class Layout:
         return self.ranks // self.sp
 
     @classmethod
-    def of(cls, cfg) -> "Layout":
-        """From a TrainConfig (any object with its fields)."""
+    def of(cls, cfg, flash: bool | None = None) -> "Layout":
+        """From a TrainConfig (any object with its fields). `flash`: whether flash-attn imports on the
+        GPU nodes (doctor and the trainer know; None: assumed, and the plan says so)."""
         gpu = cfg.gpus_per_node > 0
         bf16 = cfg.dtype == "bf16" or (cfg.dtype == "auto" and gpu)
         return cls(nodes=cfg.nodes, per_node=max(cfg.gpus_per_node, 1), gpu=gpu, sp=cfg.sp_size, zero=cfg.zero_stage,
-                   dtype_bytes=2 if bf16 else 4, attention="flash" if gpu else "sdpa",
+                   dtype_bytes=2 if bf16 else 4,
+                   attention=("flash" if flash is None else "flash-attn" if flash else "sdpa") if gpu else "sdpa",
                    checkpointing=bool(cfg.gradient_checkpointing or cfg.checkpoint_offload),
                    checkpoint_offload=bool(cfg.checkpoint_offload), tiled_mlp=bool(cfg.tiled_mlp),
                    offload_optimizer=bool(cfg.offload_optimizer), offload_params=bool(cfg.offload_params),
@@ -179,6 +181,11 @@ def common_terms(s: ModelShape, lay: Layout, tokens: int) -> tuple[list[Term], l
                         f"{s.layers - 1} layers' activations kept (no checkpointing)"))
     up = 2 if pb == 2 else 0
     gpu.append(Term("hidden states", t * s.hidden * (3 * pb + 2 * up), "sp_size", "final norm and its gradient"))
+    if lay.gpu and lay.attention == "sdpa" and lay.sp == 1:
+        # transformers gives SDPA a dense [T, T] bool mask for a packed row and PyTorch's CUDA kernels turn
+        # it into a bias of the query's dtype (read from their sources, not measured on a GPU yet); one
+        # layer's at a time under checkpointing. Under SP each pass holds one episode: no mask (packing.py)
+        gpu.append(Term("packed mask", tokens * tokens * (1 + pb), "", "no flash-attn: SDPA's T x T mask and its bias"))
     return gpu, host
 
 
@@ -285,11 +292,11 @@ def longest_episode(s: ModelShape, lay: Layout) -> int:
     return lo
 
 
-def plan(cfg, shape: ModelShape | None = None, suggest: bool = True) -> MemoryPlan:
+def plan(cfg, shape: ModelShape | None = None, suggest: bool = True, flash: bool | None = None) -> MemoryPlan:
     """The plan of a TrainConfig (the model's config.json read unless `shape` is given). A config that
     does not fit gets the smallest change that would (`suggest`)."""
     s = shape or read_shape(cfg.model)
-    lay = Layout.of(cfg)
+    lay = Layout.of(cfg, flash)
     if lay.gpu and lay.ranks % lay.sp:      # (CPU ranks are not counted by the config: Engine checks the real world)
         return MemoryPlan(cfg.model, s, lay, 0, problem=f"field 'sp_size' ({lay.sp}) must divide the trainer's "
                           f"{lay.ranks} ranks (nodes x gpus_per_node)")
@@ -303,25 +310,25 @@ def plan(cfg, shape: ModelShape | None = None, suggest: bool = True) -> MemoryPl
     p.packed_total = _sum(peak_terms(s, lay, lay.microbatch_tokens)[0])
     p.problem = verdict(p)
     if suggest and lay.gpu:
-        p.smallest = smallest_layout(cfg, s)
+        p.smallest = smallest_layout(cfg, s, flash)
     if p.problem and suggest:
-        fix = smallest_fix(cfg, s)
+        fix = smallest_fix(cfg, s, flash)
         if fix:
             p.problem += f"; {fix} would fit"
     return p
 
 
-def smallest_fix(cfg, s: ModelShape) -> str:
+def smallest_fix(cfg, s: ModelShape, flash: bool | None = None) -> str:
     """The first change (in order of cost to the run: none learns differently) that makes `cfg` fit:
     sequence parallelism up to a node, tiled MLPs, then checkpoints and optimizer states in host memory."""
-    found = _first_fit(cfg, s)
+    found = _first_fit(cfg, s, flash)
     if found is None:
         return ""
     change, q = found
     return " ".join(f"{k}={str(v).lower()}" for k, v in change.items()) + f" ({q.total / GB:.1f} GB)"
 
 
-def _first_fit(cfg, s: ModelShape):
+def _first_fit(cfg, s: ModelShape, flash: bool | None = None):
     """(the change, its plan) of smallest_fix, or None."""
     import dataclasses
     if not dataclasses.is_dataclass(cfg):
@@ -340,7 +347,7 @@ def _first_fit(cfg, s: ModelShape):
         if not change:
             continue
         try:
-            q = plan(dataclasses.replace(cfg, **change), s, suggest=False)
+            q = plan(dataclasses.replace(cfg, **change), s, suggest=False, flash=flash)
         except UserError:
             continue
         if q.fits:
@@ -351,7 +358,7 @@ def _first_fit(cfg, s: ModelShape):
 LAYOUTS = ((1, 1), (1, 2), (1, 4), (1, 8), (2, 8), (3, 8), (4, 8), (6, 8), (8, 8))   # (nodes, GPUs per node)
 
 
-def smallest_layout(cfg, s: ModelShape) -> str:
+def smallest_layout(cfg, s: ModelShape, flash: bool | None = None) -> str:
     """The fewest GPUs (of LAYOUTS) on which `cfg` trains, as it is or with its smallest fix, with
     what a GPU and a node's host memory then hold, e.g. '1 node x 4 GPUs: sp_size=4 (61.2 GB per
     GPU)'; '' when none does. Host memory is counted whether or not host_memory_gb bounds it."""
@@ -364,12 +371,12 @@ def smallest_layout(cfg, s: ModelShape) -> str:
             sp //= 2
         trial = dataclasses.replace(cfg, nodes=nodes, gpus_per_node=per, sp_size=sp)
         try:
-            q = plan(trial, s, suggest=False)
+            q = plan(trial, s, suggest=False, flash=flash)
         except UserError:
             continue
         change = {"sp_size": sp} if sp != cfg.sp_size else {}
         if not q.fits:
-            found = _first_fit(trial, s)
+            found = _first_fit(trial, s, flash)
             if found is None:
                 continue
             change, q = {**change, **found[0]}, found[1]

@@ -18,7 +18,9 @@ def render(p: MemoryPlan) -> str:
              f"  layout    {lay.nodes} node(s) x {lay.per_node} {'GPU' if lay.gpu else 'CPU rank'}(s) = {lay.ranks} ranks; "
              f"sequence parallel {lay.sp}, data parallel {lay.dp}; ZeRO-{lay.zero}; "
              f"{'bf16' if lay.dtype_bytes == 2 else 'fp32'}; attention {lay.attention}"
-             + (" (assumes flash-attn on the nodes)" if lay.gpu and lay.attention == "flash" else ""),
+             + (" (assumes flash-attn on the nodes)" if lay.gpu and lay.attention == "flash" else
+                " (no flash-attn on the nodes: packed micro-batches pay a T x T mask)" if lay.gpu and lay.attention == "sdpa"
+                else ""),
              f"  options   checkpointing {'offloaded' if lay.checkpoint_offload else 'on' if lay.checkpointing else 'off'}, "
              f"tiled MLP {'on' if lay.tiled_mlp else 'off'}, optimizer offload {'on' if lay.offload_optimizer else 'off'}, "
              f"parameter offload {'on' if lay.offload_params else 'off'}, logprob chunk {lay.chunk:,}",

@@ -52,7 +52,8 @@ def build_trainer(cfg: TrainConfig, run_path: Path, env: DistEnv | None = None, 
         preflight(tasks, cfg.servers, openenv_spec(cfg.environment, cfg.openenv, 'train config'))
     run_path = Path(run_path).resolve()
     eng = Engine(cfg, env)
-    max_train_tokens = trainable_tokens(cfg)
+    attn = getattr(eng.module.config, "_attn_implementation", "") or ""
+    max_train_tokens = trainable_tokens(cfg, flash="flash" in attn if eng.gpu else None)
     if rank0:
         open_train_run(cfg, run_path, tasks)     # creates it, or checks a resumed one is the same run
     eng.barrier()

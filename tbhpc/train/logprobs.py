@@ -29,6 +29,7 @@ import torch
 from tbhpc.errors import UserError
 
 DEFAULT_CHUNK = 2048
+VOCAB_BLOCK = 8192      # rows of a bf16 head widened at once where no fp32-output GEMM exists (CPUs)
 
 
 def _wide(x):
@@ -53,7 +54,11 @@ def _logits(h, weight):
             return torch.mm(h, weight.t(), out_dtype=torch.float32)
         except (TypeError, NotImplementedError, RuntimeError):      # a torch without the fp32-output GEMM
             pass
-    return torch.nn.functional.linear(h.float(), weight.float())
+    wide = h.float()                # the head widened a block of the vocabulary at a time: no fp32 copy of it all
+    z = torch.empty((h.shape[0], weight.shape[0]), dtype=torch.float32, device=h.device)
+    for a in range(0, weight.shape[0], VOCAB_BLOCK):
+        z[:, a:a + VOCAB_BLOCK] = wide @ weight[a:a + VOCAB_BLOCK].float().t()
+    return z
 
 
 def _chunk_terms(h, weight, targets, entropy: bool):

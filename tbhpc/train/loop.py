@@ -50,13 +50,14 @@ class Preempted(TbhpcError):
     """A signal asked the trainer to stop; its state is saved."""
 
 
-def trainable_tokens(cfg: TrainConfig) -> int:
+def trainable_tokens(cfg: TrainConfig, flash: bool | None = None) -> int:
     """The longest sample the memory plan lets this run train (0: no limit: a CPU run without
-    host_memory_gb, or a model whose config.json is not on disk)."""
+    host_memory_gb, or a model whose config.json is not on disk). `flash`: the attention kernel the
+    engine got on a GPU (without flash-attn a packed micro-batch pays SDPA's T x T mask)."""
     from tbhpc.plan.memory import plan, plannable
     if not plannable(cfg.model):
         return 0
-    return plan(cfg, suggest=False).longest_episode
+    return plan(cfg, suggest=False, flash=flash).longest_episode
 
 
 class Trainer:
