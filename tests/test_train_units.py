@@ -336,6 +336,18 @@ def test_local_world_comes_from_torchrun_or_slurm():
     assert local_world_size({"SLURM_TASKS_PER_NODE": "8(x3)"}) is None
 
 
+def test_trainer_and_vllm_get_one_nccl_cumem_setting():
+    """vLLM sets NCCL_CUMEM_ENABLE=0 on import unless told; the trainer's torch would keep NCCL's 1; the
+    broadcast joins both in one communicator. On GPUs both scripts export one value, the config's if it has one."""
+    import re
+    def values(**kw):
+        scripts = render_train_pipeline("/r", TrainConfig(model="m", pool="p", serve={"device": "cuda"}, **kw), "/w")
+        return [re.findall(r"^export NCCL_CUMEM_ENABLE=(\S+)$", t, re.M) for t in scripts.values()]
+    assert values(gpus_per_node=8) == [["0"], ["0"]]
+    assert values(gpus_per_node=8, env={"NCCL_CUMEM_ENABLE": "1"}) == [["1"], ["1"]]
+    assert values(gpus_per_node=0) == [[], []]
+
+
 def test_config_env_is_exported_in_both_scripts_and_refused_when_it_cannot_be():
     from tbhpc.errors import UserError
     cfg = TrainConfig(model="m", pool="p", nodes=3, gpus_per_node=8, serve={"device": "cuda"},

@@ -43,6 +43,16 @@ def rollout_line(cfg: TrainConfig, replicas: int | None) -> str:
             f"(max_tokens {cfg.max_tokens:,} at {cfg.request_floor_tokens_per_s:g} tokens/s + 60 s)")
 
 
+def run_env(cfg: TrainConfig) -> dict[str, str]:
+    """What both jobs of a run export: the config's `env`, and on GPUs one NCCL_CUMEM_ENABLE for the
+    trainer and vLLM. vLLM sets it to 0 when it is imported unless told otherwise, torch's NCCL leaves
+    NCCL's default (1), and the weight broadcast puts both in one communicator, which wants one setting.
+    0 is vLLM's choice (cuMem costs GPU memory under CUDA graphs); a config's own value wins, in both."""
+    if not cfg.gpus_per_node or "NCCL_CUMEM_ENABLE" in cfg.env:
+        return dict(cfg.env)
+    return {"NCCL_CUMEM_ENABLE": "0", **cfg.env}
+
+
 def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, serve_job: str | None = None,
                  replicas: int | None = None) -> str:
     """The trainer job (pure: golden-tested). `replicas`: the serving job's vLLM replicas (a comment)."""
@@ -62,7 +72,7 @@ def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, ser
         'export MASTER_ADDR=$(scontrol show node "$first" | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')',
         "export MASTER_PORT=$((20000 + 2 * (SLURM_JOB_ID % 6383)))",
         f"export OMP_NUM_THREADS={cfg.torch_threads}",
-        *env_lines(cfg.env),
+        *env_lines(run_env(cfg)),
         *([rollout_line(cfg, replicas)] if cfg.generator == "server" else []),
         "# USR2 (before the time limit) and SIGTERM (preemption) reach every rank: they checkpoint, rank 0 requeues.",
         "# srun is given --cpus-per-task: since Slurm 22.05 a step no longer inherits the job's",
@@ -105,7 +115,7 @@ def render_train_pipeline(run: str, cfg: TrainConfig, workdir: str, serve_job: s
         scfg = serve_config_for(cfg)
         gpus = scfg.tensor_parallel_size * scfg.data_parallel_size if cfg.gpus_per_node else 0
         replicas = scfg.data_parallel_size
-        scripts["serve.sbatch"] = render_serve(run, f"{run}/serve.yaml", scfg.slurm, workdir, gpus=gpus, env=cfg.env)
+        scripts["serve.sbatch"] = render_serve(run, f"{run}/serve.yaml", scfg.slurm, workdir, gpus=gpus, env=run_env(cfg))
     scripts["train.sbatch"] = render_train(run, f"{run}/train.yaml", cfg, workdir,
                                            serve_job if cfg.generator == "server" else None, replicas)
     return scripts
