@@ -34,7 +34,7 @@ $(VLLM_STAMP): pyproject.toml env/setup-vllm.sh
 OPENENV_VENV  ?= .venv-openenv
 OPENENV_STAMP := $(OPENENV_VENV)/.installed
 env-openenv: $(OPENENV_STAMP)
-$(OPENENV_STAMP): pyproject.toml env/setup-openenv.sh
+$(OPENENV_STAMP): pyproject.toml env/setup-openenv.sh | $(STAMP)
 	PY=$(PY) VENV=$(OPENENV_VENV) bash env/setup-openenv.sh
 	touch $(OPENENV_STAMP)
 
@@ -65,8 +65,12 @@ $(SMOLLM2)/config.json: $(STAMP)
 KERNELS_AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2
 
 # The suite runs against a real 3-node Slurm cluster that this target starts and stops by PID,
-# and a real vLLM (CPU) server that its tests start and stop by PID (tests/test_vllm.py).
-test: env env-vllm env-openenv browser $(WARM)/config.json
+# and a real vLLM (CPU) server that its tests start and stop by PID (tests/test_vllm.py). What it needs
+# is built three at a time (the vLLM environment and the browser beside the trainer's environment and
+# the warm start: about a minute less on a fresh clone); the OpenEnv environment waits for .venv, since
+# both install this project in place.
+test:
+	$(MAKE) -j3 env env-vllm env-openenv browser $(WARM)/config.json
 	TBHPC_REQUIRE_VLLM=1 TBHPC_REQUIRE_BROWSER=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
 	  TBHPC_REQUIRE_OPENENV=1 TBHPC_OPENENV_PYTHON=$(abspath $(OPENENV_VENV))/bin/python NODES=$(NODES) STATE=$(SLURM_STATE) \
 	  bash slurm/local/with-cluster.sh $(VPY) -m pytest -q -n 2 --dist loadgroup --durations=30

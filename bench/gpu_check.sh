@@ -15,7 +15,7 @@
 #
 # The default parts need CUDA torch, transformers and the wheels bench/gpu_wheels.sh makes (DeepSpeed,
 # pytest and the few packages a bare image lacks), no vLLM; predicted ~5 minutes on one H100 and never
-# more than the sum of the timeouts (8 min 40 s). `--rehearsal` plays the same parts on the CPU with small
+# more than the sum of the timeouts (9 min 40 s). `--rehearsal` plays the same parts on the CPU with small
 # sizes (gloo for NCCL): `make test` runs it, so that a bug in the script fails CI before a GPU sees it.
 # Prints one line per part (ok, or FAILED with why) after its output; exits 1 if any part failed.
 set -uo pipefail
@@ -56,17 +56,17 @@ part() {    # part NAME LIMIT_S COMMAND...: the command's output indented, then 
 
 for p in "${PARTS[@]}"; do
   case $p in
-    tests) part "tests" 300 "$PY" -m pytest -q --noconftest -p no:cacheprovider -m gpu tests/test_gpu.py ;;
-    logprobs) part "logprobs" 150 "$PY" bench/gpu/logprobs.py ;;
+    tests) part "tests" 150 "$PY" -m pytest -q --noconftest -p no:cacheprovider -m gpu tests/test_gpu.py ;;
+    logprobs) part "logprobs" 90 "$PY" bench/gpu/logprobs.py ;;
     memory)
       cases=(0 1 2 3)
       [ $REHEARSAL = 1 ] && cases=(0)
-      for i in "${cases[@]}"; do part "memory case $i" 120 "$PY" bench/gpu/memory_case.py "$i"; done ;;
+      for i in "${cases[@]}"; do part "memory case $i" 60 "$PY" bench/gpu/memory_case.py "$i"; done ;;
     nccl)
-      part "nccl init" 60 "$PY" bench/gpu/nccl_init.py
-      part "nccl timeout" 60 "$PY" bench/gpu/nccl_timeout.py
-      part "fused adamw" 30 "$PY" bench/gpu/adamw.py
-      part "broadcast" 120 "$PY" bench/gpu/broadcast.py ;;
+      part "nccl init" 20 "$PY" bench/gpu/nccl_init.py
+      part "nccl timeout" 25 "$PY" bench/gpu/nccl_timeout.py
+      part "fused adamw" 15 "$PY" bench/gpu/adamw.py
+      part "broadcast" 40 "$PY" bench/gpu/broadcast.py ;;
     serve) part "serve" 1200 bash bench/gpu/serve.sh ;;
     train) part "train" 900 bash bench/gpu/train.sh ;;
   esac

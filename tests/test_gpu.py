@@ -91,8 +91,9 @@ def test_the_memory_plan_against_the_allocator():
     device = _device()
     case = {"device": device, "hidden": 1024, "layers": 4, "heads": 8, "kv_heads": 4, "head_dim": 128,
             "intermediate": 3072, "vocab": 32768, "tokens": 4096}
-    if device == "cpu":          # the CPU suite's output-head case (tests/test_memory_plan.py: 1.00x)
-        case = {"device": "cpu", "hidden": 256, "vocab": 16384, "tokens": 1024}
+    if device == "cpu":
+        pytest.skip("a rehearsal: tests/test_memory_plan.py holds the plan against CPU steps, and the check's "
+                    "memory part runs this call")
     r = run_case(case, timeout=300)
     measured = max(r["step_peaks"])
     print(f"memory plan vs step on {r['device']}: plan {r['plan_total'] / 1e9:.3f} GB ({r['plan_phase']}), "

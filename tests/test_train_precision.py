@@ -13,8 +13,7 @@ import torch
 
 from helpers import cpu_class, run_ranks
 
-pytestmark = pytest.mark.kernels
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent       # (the cases force the CPU class themselves: only the cap's own test is `kernels`)
 
 
 def _engine(model, tmp_path, world: int, fp16: str, mode: str = "plain", **fields) -> dict:
@@ -78,6 +77,7 @@ def test_the_check_names_the_wrong_dtype_and_passes_the_right_one():
         check_dtype(torch.nn.ModuleDict({"q_proj": lora}), "fp32", 3)
 
 
+@pytest.mark.kernels
 def test_the_kernel_cap_of_make_tests_second_pass_takes_effect():
     """`make test` runs the `kernels` tests again with torch's kernels capped at AVX2 (Makefile KERNELS_AVX2):
     a cap that a torch release stopped reading would make that pass a copy of the first."""

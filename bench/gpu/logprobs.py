@@ -12,9 +12,9 @@ vocab, hidden = scale((s.vocab, s.hidden), (4096, 256))
 for t in scale((4096, 8192, 16384, 32768), (256,)):
     planned = sum(x.bytes for x in head_phase(s, lay, t) if x.name in ("logprobs", "head gradient")) \
         - s.head_params * 2 * COMM_BYTES           # ZeRO's reduce-scatter copies are not part of this call
-    chunked = run_logprobs(vocab, hidden, t, 2048, "chunked", device=DEVICE, timeout=120)
+    chunked = run_logprobs(vocab, hidden, t, 2048, "chunked", device=DEVICE, timeout=30)
     try:
-        full = f"{run_logprobs(vocab, hidden, t, 2048, 'full', device=DEVICE, timeout=120) / GB:.2f} GB"
+        full = f"{run_logprobs(vocab, hidden, t, 2048, 'full', device=DEVICE, timeout=30) / GB:.2f} GB"
     except RuntimeError as exc:
         full = "out of memory" if "out of memory" in str(exc).lower() else f"failed: {first_line(exc)}"
     print(f"logprobs T {t:>6,}: chunked {chunked / GB:6.2f} GB (plan {planned / GB:.2f}"

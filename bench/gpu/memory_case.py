@@ -17,7 +17,7 @@ REHEARSED = {"hidden": 256, "vocab": 16384, "tokens": 1024, "steps": 1}
 index = int(sys.argv[1])
 case = {**(REHEARSED if REHEARSAL else {**SHAPE, **CASES[index]}), "device": DEVICE,
         "model_dir": tempfile.mkdtemp() + "/m"}
-r = run_case(case, timeout=110)
+r = run_case(case, timeout=55)
 print(f"case {index} {'(rehearsal) ' + str(REHEARSED) if REHEARSAL else CASES[index]}: peak {max(r['step_peaks']) / 1e9:.2f} GB, "
       f"plan {r['plan_total'] / 1e9:.2f} GB ({r['plan_phase']}; + reserve {r['plan_reserve'] / 1e9:.1f}) on {r['device']}",
       flush=True)

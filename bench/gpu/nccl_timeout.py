@@ -10,7 +10,7 @@ from tbhpc.train.dist import free_port_pair
 t0 = time.perf_counter()
 try:
     dist.init_process_group("gloo" if REHEARSAL else "nccl", init_method=f"tcp://127.0.0.1:{free_port_pair()}",
-                            rank=0, world_size=2, timeout=datetime.timedelta(seconds=2 if REHEARSAL else 15))
+                            rank=0, world_size=2, timeout=datetime.timedelta(seconds=1 if REHEARSAL else 15))
     raise SystemExit("timeout path: UNEXPECTED: a group of 2 formed with one member")
 except SystemExit:
     raise
