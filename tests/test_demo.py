@@ -150,12 +150,13 @@ def test_the_trained_checkpoint_serves_in_vllm(demo, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from tbhpc.policy.generation import Sampling, ServerGenerator, recompute_logprobs
-    from test_vllm import SERVE_OPTS, _wait_endpoint
+    from test_vllm import EAGER, SERVE_OPTS, _wait_endpoint
     out, _, _ = demo
     export = out / "train/exports/step-000002"
     run = tmp_path / "serve"
     proc = subprocess.Popen([sys.executable, "-m", "tbhpc.cli", "serve", str(run), f"model={export}", *SERVE_OPTS,
-                             "cpu_threads=1", "dtype=float32"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             "cpu_threads=1", "dtype=float32", EAGER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     try:
         ep = _wait_endpoint(run, lambda: proc.poll() is None)
         tok = AutoTokenizer.from_pretrained(export)

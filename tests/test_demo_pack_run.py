@@ -166,9 +166,9 @@ def test_the_export_loads_in_transformers_and_serves_in_vllm(run, tmp_path):
         if os.environ.get("TBHPC_REQUIRE_VLLM"):
             pytest.fail(f"TBHPC_REQUIRE_VLLM is set but {default_vllm_python()} does not exist (make env-vllm)")
         pytest.skip("no vLLM environment (run `make env-vllm`)")
-    from test_vllm import SERVE_OPTS, _wait_endpoint
+    from test_vllm import EAGER, SERVE_OPTS, _wait_endpoint
     proc = subprocess.Popen([sys.executable, "-m", "tbhpc.cli", "serve", str(tmp_path / "serve"), f"model={export}",
-                             *SERVE_OPTS, "cpu_threads=1", "dtype=float32"], stdout=subprocess.PIPE,
+                             *SERVE_OPTS, "cpu_threads=1", "dtype=float32", EAGER], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
         ep = _wait_endpoint(tmp_path / "serve", lambda: proc.poll() is None)
