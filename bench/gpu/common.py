@@ -3,13 +3,10 @@ sizes small enough for `make test`) and how a failure is printed (one line, also
 whose message is empty)."""
 import os
 
+from tbhpc.serve.vllm_ext.tbhpc_wire import first_line  # noqa: F401  (one line of an exception, for every part)
+
 REHEARSAL = bool(os.environ.get("TBHPC_GPU_REHEARSAL"))
 DEVICE = "cpu" if REHEARSAL else "cuda"
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0][:160]}" if text else type(exc).__name__
 
 
 def scale(gpu, rehearsal):

@@ -113,8 +113,8 @@ class Sender:
         except PermissionError as exc:
             ok, self.refused = False, str(exc)
         except Exception as exc:        # NCCL refused the group (DistBackendError: versions, a GPU twice, IB)
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            ok, self.refused = False, f"weight broadcast: the group did not form ({type(exc).__name__}: {first})"
+            from tbhpc.serve.vllm_ext.tbhpc_wire import first_line
+            ok, self.refused = False, f"weight broadcast: the group did not form ({first_line(exc)})"
         self.join_s = time.monotonic() - t0
         if not ok:
             withdraw(self.run, self.step)

@@ -46,8 +46,8 @@ class DistEnv:
         return {"RANK": str(self.rank), "WORLD_SIZE": str(self.world), "LOCAL_RANK": str(local),
                 "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port)}
 
-    def export(self, device: int | None = None) -> None:
-        os.environ.update(self.environ(device))
+    def export(self) -> None:
+        os.environ.update(self.environ())
 
 
 def free_port_pair() -> int:

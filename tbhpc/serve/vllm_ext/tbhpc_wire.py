@@ -78,6 +78,12 @@ def plan_buckets(meta: list[dict], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> 
     return out
 
 
+def first_line(exc: BaseException) -> str:
+    """`Type: first line of the message` (NCCL's errors run to many lines; some have none)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
 def process_group(store, rank: int, world: int, device: torch.device, timeout: timedelta):
     """gloo on CPUs, NCCL on GPUs (a test replaces this with a stand-in that behaves as NCCL does)."""
     import torch.distributed as dist
@@ -273,7 +279,7 @@ def join(host: str, port: int, rank: int, world: int, device: str, timeout_s: fl
     except PermissionError as exc:
         return None, {"untrusted": str(exc)}
     except Exception as exc:        # DistBackendError, DistStoreError, TimeoutError, RuntimeError
-        return None, {"unjoined": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        return None, {"unjoined": first_line(exc)}
 
 
 def take(group: Group, meta: list[dict], bucket_bytes: int, load) -> dict:
