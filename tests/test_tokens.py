@@ -107,7 +107,7 @@ def test_a_template_that_drops_reasoning_splits_the_episode_into_samples(tiny_di
     res = run_episode(task, get_domain("retail"), policy, ScriptedUser(), seed=0)
     tr = policy.pop_trace(task.id, 0)
     tr.verify(res.messages)                                   # the last sample is prefix-stable
-    (t1, m1, _), (t2, m2, lp2) = tr.samples()
+    (t1, m1, _, _), (t2, m2, lp2, _) = tr.samples()
     assert tok.decode([t for t, m in zip(t1, m1) if m]) == tok.decode(first + [tok.eos_token_id])
     second = tok.decode(t2)
     assert "I should look the order up first." not in second and second.count("<think>") == 1   # dropped, as the template does

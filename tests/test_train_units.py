@@ -171,10 +171,13 @@ def test_config_errors_name_the_field(tmp_path):
     assert load_config(TrainConfig, None, ["lr=1e-6"]).lr == 1e-6      # YAML reads 1e-6 as text; taken as a number
     with pytest.raises(UserError, match="'model' is required"):
         TrainConfig(pool="p").validate()
-    with pytest.raises(UserError, match="'max_staleness' must be 0 .on-policy. or 1"):
-        TrainConfig(max_staleness=2)
-    with pytest.raises(UserError, match="'tis_cap' must be 0 .off. or a number >= 1, got 0.5"):
+    with pytest.raises(UserError, match="'max_staleness' must be >= 0 .0: on-policy"):
+        TrainConfig(max_staleness=-1)
+    with pytest.raises(UserError, match="'tis_cap' must be 0 .off., a number >= 1, or unset .2 from max_staleness 2., "
+                                        "got 0.5"):
         TrainConfig(tis_cap=0.5)
+    with pytest.raises(UserError, match="'keep_published' must be >= 4 with max_staleness 3"):
+        TrainConfig(max_staleness=3, keep_published=3)
     with pytest.raises(UserError, match="'keep_published' must be >= 2 with max_staleness 1"):
         TrainConfig(max_staleness=1, keep_published=1)
 
@@ -263,6 +266,9 @@ def test_step_line_reads_like_a_log():
     assert "update 2.0s" in line and "sync 0.2s" in line and "wait" not in line
     line = step_line({**row, "max_staleness": 1, "staleness": 1, "wait_s": 0.4})      # one step off-policy: the trainer's wait shows
     assert line.endswith("sync 0.2s wait 0.4s (staleness 1)")
+    line = step_line({**row, "max_staleness": 2, "staleness": 2, "wait_s": 0.4, "staleness_tokens": [50, 30, 20],
+                      "truncated": 0.031, "reissued": 2})          # k >= 2: the loss tokens' ages and the truncation
+    assert line.endswith("(staleness 2) | age 0:50% 1:30% 2:20% trunc 0.031 reissued 2")
 
 
 def test_warmstart_examples_are_the_token_traces_of_passed_oracle_episodes(tiny_dir, tasks_by_id):

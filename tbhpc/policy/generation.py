@@ -3,6 +3,10 @@
 - `ServerGenerator`: a vLLM server's `/inference/v1/generate` (tokens mode): the server never
   re-tokenises anything, returns the sampled ids, their logprobs and the weight version of each
   generated span. Used on clusters (the server is a Slurm job next to the trainer) and on CPU.
+  A turn a weight sync interrupted (`pause_mode: abort` ends it with finish_reason "abort"), or
+  that weights still being verified sampled (`unverified:step-N`), is issued again, once the
+  server serves a verified version: such tokens are never trained on, and dropping the whole
+  group for them (what raising would do) wastes every other episode of it.
 - `LocalGenerator`: the policy model in this process (transformers `generate`), no server:
   colocated generation for small runs and tests.
 Both return the same `Generation`, so the token-exact policy and the trainer cannot tell them
@@ -19,6 +23,8 @@ from tbhpc.errors import EndpointError
 from tbhpc.llm_client import post_json
 from tbhpc.policy.sampling import Sampling
 from tbhpc.serve.auth import bearer
+from tbhpc.serve.checkpoints import UNVERIFIED
+from tbhpc.serve.client import http_json
 
 
 @dataclass
@@ -28,6 +34,35 @@ class Generation:
     finish_reason: str              # stop (EOS or stop token) | length
     version: str = "base"           # weight version that generated the tokens ("mixed:a,b" if a sync hit mid-turn)
     seconds: float = 0.0
+    token_versions: list[str] | None = None   # the version of each token, where it differs within the turn
+    reissued: int = 0               # times this turn was issued again (aborted by a sync, or sampled by unverified weights)
+    reprefilled: int = 0            # tokens the server prefilled again for this turn because weights changed under it
+    discarded: int = 0              # tokens generated, then thrown away by those re-issues
+
+    def versions(self) -> list[str]:
+        """The weight version of each generated token."""
+        return list(self.token_versions) if self.token_versions is not None else [self.version] * len(self.token_ids)
+
+
+def spans_to_versions(spans: list[dict] | None, n: int) -> list[str]:
+    """vLLM's weight-version spans ({version, start, end} over output-token indexes) -> one version
+    per token; "unknown" where no span covers a token (a server that does not label versions)."""
+    out = ["unknown"] * n
+    for s in spans or []:
+        for i in range(max(0, int(s["start"])), min(n, int(s["end"]))):
+            out[i] = str(s["version"])
+    return out
+
+
+def turn_version(versions: list[str]) -> str:
+    """One label for a turn: its version, or "mixed:a,b" when a sync changed it mid-turn."""
+    distinct = sorted(set(versions))
+    return distinct[0] if len(distinct) == 1 else ("mixed:" + ",".join(distinct) if distinct else "unknown")
+
+
+def switch_points(versions: list[str]) -> list[int]:
+    """Output indexes where the version changes (a `keep` pause resumed the turn on new weights)."""
+    return [i for i in range(1, len(versions)) if versions[i] != versions[i - 1]]
 
 
 class Generator(Protocol):
@@ -42,8 +77,51 @@ class ServerGenerator:
     retries: int = 5
     backoff_s: float = 1.0
     token: str = field(default="", repr=False)      # the run's server token (serve/auth.py); never printed
+    max_reissues: int = 8           # a turn aborted or sampled by unverified weights this many times: EndpointError
+    verified_wait_s: float = 1800.0  # how long a re-issue waits for the server to serve a verified version
 
     def generate(self, prompt_ids: list[int], sampling: Sampling, seed: int) -> Generation:
+        """One turn. Re-issued (same prompt and seed) when a sync aborted it or when weights still
+        being verified sampled any of it; the re-issue waits until the server serves a trusted
+        version. A turn a `keep` pause continued on new weights is returned with its per-token
+        versions; the server prefilled prompt + the tokens before each switch again."""
+        t0 = time.monotonic()
+        reissued = discarded = reprefilled = 0
+        while True:
+            g = self._once(prompt_ids, sampling, seed)
+            versions = g.versions()
+            unverified = any(v.startswith(UNVERIFIED) for v in versions)
+            if g.finish_reason != "abort" and not unverified:
+                reprefilled += sum(len(prompt_ids) + i for i in switch_points(versions))
+                g.reissued, g.discarded, g.reprefilled = reissued, discarded, reprefilled
+                g.seconds = time.monotonic() - t0
+                return g
+            reissued += 1
+            discarded += len(g.token_ids)
+            reprefilled += len(prompt_ids)
+            if reissued > self.max_reissues:
+                why = "aborted by weight syncs" if g.finish_reason == "abort" else "sampled by unverified weights"
+                raise EndpointError(f"{self.base_url}: a turn was {why} {reissued} times in a row")
+            if unverified:
+                self._await_trusted(t0 + self.verified_wait_s)
+
+    def _await_trusted(self, deadline: float) -> None:
+        """Until the server serves a verified step or the base (a sync's check is running); a
+        refused version (`rejected:`) returns too: the next turn is then refused by the rollout."""
+        while True:
+            try:
+                served = str(http_json(self.base_url.rstrip("/") + "/weight_info", timeout=30, token=self.token)
+                             ["weight_version"])
+            except Exception:           # a server restarting for the sync: ask again
+                served = UNVERIFIED
+            if not served.startswith(UNVERIFIED):
+                return
+            if time.monotonic() > deadline:
+                raise EndpointError(f"{self.base_url}: the server's weights were still being verified after "
+                                    f"{self.verified_wait_s:g} s")
+            time.sleep(0.2)
+
+    def _once(self, prompt_ids: list[int], sampling: Sampling, seed: int) -> Generation:
         body = {"model": self.model, "token_ids": list(map(int, prompt_ids)), "sampling_params": {
             "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
             "max_tokens": sampling.max_tokens, "seed": seed, "logprobs": 0}}
@@ -57,9 +135,9 @@ class ServerGenerator:
             raise EndpointError(f"{self.base_url}/inference/v1/generate returned an unexpected payload", exc) from None
         if len(lps) != len(ids):
             raise EndpointError(f"{self.base_url}: {len(ids)} tokens but {len(lps)} logprobs")
-        versions = sorted({s["version"] for s in choice.get("weight_versions") or []})
-        version = versions[0] if len(versions) == 1 else ("mixed:" + ",".join(versions) if versions else "unknown")
-        return Generation(ids, lps, choice.get("finish_reason") or "stop", version, time.monotonic() - t0)
+        versions = spans_to_versions(choice.get("weight_versions"), len(ids))
+        return Generation(ids, lps, choice.get("finish_reason") or "stop", turn_version(versions), time.monotonic() - t0,
+                          token_versions=versions)
 
     def _post(self, route: str, body: dict) -> Any:
         return post_json(self.base_url.rstrip("/") + route, body, self.timeout_s, self.retries, self.backoff_s,

@@ -157,6 +157,6 @@ class TokenSession:
         g = self.gen.generate(prompt, replace(p.sampling, max_tokens=cap), seed=(p.seed * 1_000_003 + self.seed) * 1009 + self.turn)
         progress.mark()          # a rank that still generates is slow, not hung (tbhpc/train/watch.py)
         self.turn += 1
-        tr.add_generation(g.token_ids, g.logprobs, g.version)
+        tr.add_generation(g.token_ids, g.logprobs, g.version, g.reissued, g.reprefilled, g.token_versions)
         text = tr.tokenizer.decode(g.token_ids, skip_special_tokens=True)
         return Completion(text, Usage(input_tokens=len(prompt), output_tokens=len(g.token_ids)))

@@ -7,9 +7,18 @@ absent, like a shard):
     /tokens      int32   [T]   every episode's token ids, concatenated (prompt + response)
     /loss_mask   uint8   [T]   1 on tokens the policy generated, 0 on prompt/tool/user tokens
     /logprobs    float32 [T]   behaviour log-probabilities (0 where loss_mask is 0)
+    /versions    int32   [T]   the weight version (step) that sampled each token; -1 where loss_mask is 0
     /offsets     int64   [E+1] episode i is tokens[offsets[i]:offsets[i+1]]
     /episodes/   per episode [E]: group int32, reward float32, advantage float32,
-                 policy_version int32, task_id, attempt_key, finish_reason (UTF-8 strings)
+                 policy_version int32 (its oldest token's), newest_version int32, switches int32
+                 (version changes along its tokens), reissued int32 (turns issued again after a
+                 sync), reprefilled int32 (tokens prefilled again), task_id, attempt_key,
+                 finish_reason (UTF-8 strings)
+
+Why a version per token: with `max_staleness` k > 1 an episode runs on across weight syncs, so
+its turns (and, under `pause_mode: keep`, the two halves of one turn) come from different
+versions; the trainer's staleness figures and the bound are per token. Files of layout v1 (no
+/versions) read back with every generated token at the episode's policy_version.
 
 Token arrays are chunked (64 Ki elements) and compressed (gzip level 4 by default, or lzf), so a
 reader can stream a step without loading it whole. Why CSR (flat + offsets) and not padding:
@@ -41,14 +50,33 @@ class Episode:
     task_id: str = ""
     attempt_key: str = ""
     finish_reason: str = ""
-    policy_version: int = 0
+    policy_version: int = 0     # the oldest version that sampled any of its tokens
+    versions: np.ndarray | None = None   # int per token: the version that sampled it, -1 where not generated
+    reissued: int = 0           # turns issued again (a sync aborted them, or unverified weights sampled them)
+    reprefilled: int = 0        # tokens the server prefilled again because the weights changed under a turn
 
     def __post_init__(self) -> None:
         self.tokens = np.asarray(self.tokens, dtype=np.int32)
         self.loss_mask = np.asarray(self.loss_mask, dtype=np.uint8)
         self.logprobs = np.asarray(self.logprobs, dtype=np.float32)
-        if not (self.tokens.shape == self.loss_mask.shape == self.logprobs.shape) or self.tokens.ndim != 1:
-            raise ValueError(f"episode {self.attempt_key}: tokens, loss_mask and logprobs must be 1-D and equally long")
+        if self.versions is None:
+            self.versions = np.where(self.loss_mask > 0, self.policy_version, -1)
+        self.versions = np.asarray(self.versions, dtype=np.int32)
+        if not (self.tokens.shape == self.loss_mask.shape == self.logprobs.shape == self.versions.shape) \
+                or self.tokens.ndim != 1:
+            raise ValueError(f"episode {self.attempt_key}: tokens, loss_mask, logprobs and versions must be 1-D "
+                             "and equally long")
+
+    @property
+    def newest_version(self) -> int:
+        gen = self.versions[self.versions >= 0]
+        return int(gen.max()) if gen.size else self.policy_version
+
+    @property
+    def switches(self) -> int:
+        """How often the version changes along the generated tokens (0: one version throughout)."""
+        gen = self.versions[self.versions >= 0]
+        return int((np.diff(gen) != 0).sum()) if gen.size else 0
 
 
 def step_path(root: Path, step: int, suffix: str = "") -> Path:
@@ -73,13 +101,15 @@ def write_step(root: Path, step: int, episodes: list[Episode], policy_version: i
 
     with h5py.File(tmp, "w") as f:
         f.attrs.update({"step": step, "policy_version": policy_version, "n_episodes": len(episodes), "n_tokens": total,
-                        "created": datetime.now(timezone.utc).isoformat(), "layout": "tbhpc-rollout-v1"})
+                        "created": datetime.now(timezone.utc).isoformat(), "layout": "tbhpc-rollout-v2"})
         chunks = (min(CHUNK, max(total, 1)),)
-        for name, dtype in (("tokens", np.int32), ("loss_mask", np.uint8), ("logprobs", np.float32)):
+        for name, dtype in (("tokens", np.int32), ("loss_mask", np.uint8), ("logprobs", np.float32), ("versions", np.int32)):
             f.create_dataset(name, data=flat(name, dtype), chunks=chunks if total else None, **(opts if total else {}))
         f.create_dataset("offsets", data=offsets)
         g = f.create_group("episodes")
-        for name, dtype in (("group", np.int32), ("reward", np.float32), ("advantage", np.float32), ("policy_version", np.int32)):
+        for name, dtype in (("group", np.int32), ("reward", np.float32), ("advantage", np.float32), ("policy_version", np.int32),
+                            ("newest_version", np.int32), ("switches", np.int32), ("reissued", np.int32),
+                            ("reprefilled", np.int32)):
             g.create_dataset(name, data=np.array([getattr(e, name) for e in episodes], dtype=dtype))
         for name in ("task_id", "attempt_key", "finish_reason"):
             g.create_dataset(name, data=np.array([getattr(e, name) for e in episodes], dtype=object), dtype=STR)
@@ -105,10 +135,13 @@ def read_step(path: Path) -> list[Episode]:
     with h5py.File(path, "r") as f:
         offsets, g = f["offsets"][:], f["episodes"]
         tokens, mask, lps = f["tokens"][:], f["loss_mask"][:], f["logprobs"][:]
+        versions = f["versions"][:] if "versions" in f else None      # layout v1: one version per episode
         cols = {k: g[k][:] for k in ("group", "reward", "advantage", "policy_version", "task_id", "attempt_key", "finish_reason")}
+        counts = {k: g[k][:] if k in g else np.zeros(len(offsets) - 1, np.int32) for k in ("reissued", "reprefilled")}
     return [Episode(tokens[a:b], mask[a:b], lps[a:b], int(cols["group"][i]), float(cols["reward"][i]),
                     float(cols["advantage"][i]), cols["task_id"][i].decode(), cols["attempt_key"][i].decode(),
-                    cols["finish_reason"][i].decode(), int(cols["policy_version"][i]))
+                    cols["finish_reason"][i].decode(), int(cols["policy_version"][i]),
+                    None if versions is None else versions[a:b], int(counts["reissued"][i]), int(counts["reprefilled"][i]))
             for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:]))]
 
 

@@ -2,9 +2,11 @@
 turn each into a buffer `Episode` (tokens, loss mask, behaviour logprobs, reward, version).
 
 Rules from the recipe: a system error (backend, tool timeout, endpoint) is re-run, never scored
-as 0; an episode whose turns came from different weight versions keeps the oldest one as its
-`policy_version` (so the trainer can tell how stale it is) and says so in `versions`; an episode
-any of whose tokens came from weights the server did not verify raises `UntrustedWeights`.
+as 0; every generated token keeps the version of the weights that sampled it (an episode may run
+across weight syncs), and the episode's `policy_version` is its oldest (so the trainer can tell
+how stale it is); an episode any of whose tokens came from weights the server refused or never
+verified raises `UntrustedWeights` (the generator already re-issued turns that weights still
+being verified sampled, so this is a refused sync or a server that does not label versions).
 """
 from __future__ import annotations
 
@@ -59,12 +61,17 @@ def collect_episode(task, domain, policy: TokenPolicy, user, judge, group: int, 
         seed += 1_000_000   # a fresh sample, same attempt slot
     if verify and policy.check_prefix:
         trace.verify(res.messages)
-    versions = [v for turn in trace.turn_versions for v in turn.removeprefix("mixed:").split(",")]
-    if untrusted := sorted({v for v in versions if not trusted_version(v)}):
+    samples = trace.samples()
+    seen = {v for *_, vs in samples for v in vs if v}
+    if untrusted := sorted(v for v in seen if not trusted_version(v)):
         raise UntrustedWeights(f"task {task.id} attempt {index}: sampled by weights the server did not verify "
                                f"({', '.join(untrusted)}); never used for training")
-    steps = [version_step(v) for v in versions] or [0]
+    steps = {v: version_step(v) for v in seen}
+    oldest = min(steps.values(), default=0)
     samples = [Episode(t, m, lp, group=group, reward=float(res.reward), task_id=task.id,
                        attempt_key=f"{task.id}#{index}" + (f"/{k}" if k else ""), finish_reason=res.finish_reason,
-                       policy_version=min(steps)) for k, (t, m, lp) in enumerate(trace.samples())]
+                       policy_version=oldest, versions=[steps[v] if v else -1 for v in vs],
+                       reissued=trace.reissued if k == len(trace.segments) else 0,
+                       reprefilled=trace.reprefilled if k == len(trace.segments) else 0)
+               for k, (t, m, lp, vs) in enumerate(samples)]
     return Rollout(res, samples[-1], list(trace.turn_versions), reruns, samples[:-1])

@@ -52,12 +52,15 @@ class TokenTrace:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     turn_versions: list[str] = field(default_factory=list)
+    versions: list[str] = field(default_factory=list)        # per token: the weights that sampled it ("" if not generated)
+    reissued: int = 0                                        # turns issued again (a sync aborted them, unverified weights)
+    reprefilled: int = 0                                     # tokens the server prefilled again because weights changed
     raw_turns: list[str] = field(default_factory=list)      # each generation decoded, end-of-turn token excluded
     n_messages: int = 0                                      # messages seen at the last prompt
     tools: list[dict] | None = None                          # tool schemas the first prompt was rendered with
     generated: int = 0
     on_break: str = "split"                                  # split | error (a template that rewrites earlier turns)
-    segments: list = field(default_factory=list)             # closed samples: (tokens, loss_mask, logprobs)
+    segments: list = field(default_factory=list)             # closed samples: (tokens, loss_mask, logprobs, versions)
 
     def __post_init__(self) -> None:
         tok = self.tokenizer
@@ -73,10 +76,12 @@ class TokenTrace:
                                                  add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False)
         return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
 
-    def _append(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
+    def _append(self, ids: list[int], mask: int, logprobs: list[float] | None = None,
+                versions: list[str] | None = None) -> None:
         self.tokens += ids
         self.loss_mask += [mask] * len(ids)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        self.versions += versions if versions is not None else [""] * len(ids)
 
     def prompt(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
         """The ids to generate from, given the whole message history so far."""
@@ -100,9 +105,10 @@ class TokenTrace:
         self.n_messages = len(messages)
         return list(self.tokens)
 
-    def samples(self) -> list[tuple[list[int], list[int], list[float]]]:
-        """The training samples of the episode: one unless the template rewrote earlier turns."""
-        return self.segments + [(self.tokens, self.loss_mask, self.logprobs)]
+    def samples(self) -> list[tuple[list[int], list[int], list[float], list[str]]]:
+        """The training samples of the episode, (tokens, loss mask, logprobs, per-token version): one
+        unless the template rewrote earlier turns."""
+        return self.segments + [(self.tokens, self.loss_mask, self.logprobs, self.versions)]
 
     def _raw_history(self, messages: list[dict]) -> list[dict]:
         """`messages` with each assistant turn as generated (raw text, reasoning included)."""
@@ -124,15 +130,23 @@ class TokenTrace:
 
     def _split(self, messages: list[dict]) -> None:
         """Close the current sample; start the next from the template's rendering of the history."""
-        self.segments.append((self.tokens, self.loss_mask, self.logprobs))
-        self.tokens, self.loss_mask, self.logprobs = [], [], []
+        self.segments.append((self.tokens, self.loss_mask, self.logprobs, self.versions))
+        self.tokens, self.loss_mask, self.logprobs, self.versions = [], [], [], []
         text = self._template_text(messages, True)
         self._append(list(self.tokenizer(text, add_special_tokens=False)["input_ids"]), 0)
 
-    def add_generation(self, token_ids: list[int], logprobs: list[float], version: str) -> str:
-        """Record one generation; returns its raw text (special tokens kept, end-of-turn dropped)."""
-        self._append(list(token_ids), 1, list(logprobs))
+    def add_generation(self, token_ids: list[int], logprobs: list[float], version: str, reissued: int = 0,
+                       reprefilled: int = 0, token_versions: list[str] | None = None) -> str:
+        """Record one generation; returns its raw text (special tokens kept, end-of-turn dropped).
+        `version` labels the turn ("mixed:a,b" when a sync changed the weights mid-turn);
+        `token_versions`, when given, says which weights sampled each token."""
+        per_token = [version] * len(token_ids) if token_versions is None else list(token_versions)
+        if len(per_token) != len(token_ids):
+            raise ValueError(f"token trace: {len(token_ids)} tokens but {len(per_token)} versions")
+        self._append(list(token_ids), 1, list(logprobs), per_token)
         self.generated += len(token_ids)
+        self.reissued += reissued
+        self.reprefilled += reprefilled
         self.turn_versions.append(version)
         body = token_ids[:-1] if token_ids and token_ids[-1] == self.eos else token_ids
         raw = self.tokenizer.decode(body, skip_special_tokens=False)

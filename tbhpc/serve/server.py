@@ -181,12 +181,27 @@ class VLLMServer:
             else:
                 self.rpc("reload_weights", timeout=1800, weights_path=str(weights_path))
                 report = {}
-            self.client.post("/reset_prefix_cache", timeout=60)
+            self.drop_prefix_cache()
             self.set_version(version)
         finally:
             self.client.post("/resume", timeout=60)
         return report
 
+
+    def drop_prefix_cache(self, tries: int = 10) -> None:
+        """Drop the prefix cache (its KV came from the old weights) and check that it was dropped:
+        vLLM refuses, and says so only in its answer, while requests hold blocks. Under
+        `pause_mode: keep` the paused requests hold them: they are preempted, so on resume each
+        prefills its prompt and the tokens it has so far again on the new weights, never on stale
+        KV. A reset still refused after `tries` raises (the supervisor then restarts the server)."""
+        route = "/reset_prefix_cache" + ("?reset_running_requests=true" if self.cfg.pause_mode == "keep" else "")
+        for attempt in range(tries):
+            answer = self.client.post(route, timeout=60)
+            if isinstance(answer, dict) and answer.get("success") is True:
+                return
+            time.sleep(0.1 * (attempt + 1))     # blocks still held by an abort's last outputs or a KV transfer
+        raise RuntimeError(f"the server refused to reset its prefix cache {tries} times (answer {answer!r}); "
+                           "its cached KV came from the old weights")
 
     def register_adapter(self, path: str) -> None:
         """A LoRA server: register the served name as an adapter (serve/adapter.py's null adapter at
@@ -201,7 +216,7 @@ class VLLMServer:
         self.client.post(f"/pause?mode={self.cfg.pause_mode}", timeout=600)
         try:
             results = self.rpc("tbhpc_load_adapter", timeout=1800, path=str(path), name=self.cfg.served_model_name)
-            self.client.post("/reset_prefix_cache", timeout=60)
+            self.drop_prefix_cache()
             self.set_version(version)
         finally:
             self.client.post("/resume", timeout=60)
@@ -229,7 +244,7 @@ class VLLMServer:
             if failed:           # the stream was taken to its end (no one hangs); the weights are a mix
                 raise RuntimeError(f"a worker's load failed mid-stream ({failed[0]})")
             report = merge_reports(results)
-            self.client.post("/reset_prefix_cache", timeout=60)
+            self.drop_prefix_cache()
             self.set_version(version)
         finally:
             self.client.post("/resume", timeout=60)

@@ -24,6 +24,10 @@ ATTEMPT_COLUMNS: dict[str, str] = {
     "error": "VARCHAR", "error_kind": "VARCHAR", "final_hash": "VARCHAR", "golden_hash": "VARCHAR",
     "diff": "VARCHAR", "final_message": "VARCHAR",
     "train_step": "INTEGER", "policy_version": "VARCHAR",     # training rollouts only (NULL for probes and evals)
+    # training rollouts only: the newest weights that sampled a token of the episode (policy_version is
+    # the oldest), how often the version changed along it, turns issued again after a weight sync
+    # interrupted them, and the tokens the server prefilled again for that
+    "newest_version": "VARCHAR", "version_switches": "INTEGER", "reissued_turns": "INTEGER", "reprefilled_tokens": "BIGINT",
     "env_degraded": "VARCHAR",     # what the environment lacked for this attempt (e.g. no_policy_search); NULL: nothing
     "rubrics_skipped": "INTEGER",  # yes/no rubrics left ungraded (rubrics=skip); NULL: every rubric was judged
     "transcript": "VARCHAR",       # the conversation (tbhpc.store.transcripts; system prompt and tools in `blobs`)
@@ -62,6 +66,10 @@ ALTER TABLE attempts ADD COLUMN IF NOT EXISTS policy_version VARCHAR;
 ALTER TABLE attempts ADD COLUMN IF NOT EXISTS env_degraded VARCHAR;
 ALTER TABLE attempts ADD COLUMN IF NOT EXISTS transcript VARCHAR;
 ALTER TABLE attempts ADD COLUMN IF NOT EXISTS rubrics_skipped INTEGER;
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS newest_version VARCHAR;
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS version_switches INTEGER;
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS reissued_turns INTEGER;
+ALTER TABLE attempts ADD COLUMN IF NOT EXISTS reprefilled_tokens BIGINT;
 CREATE TABLE IF NOT EXISTS blobs (ref VARCHAR PRIMARY KEY, content VARCHAR);
 CREATE TABLE IF NOT EXISTS merged_shards (shard VARCHAR PRIMARY KEY, rows INTEGER, merged_at TIMESTAMP);
 CREATE TABLE IF NOT EXISTS quarantined_shards (shard VARCHAR PRIMARY KEY, error VARCHAR, quarantined_at TIMESTAMP);

@@ -26,6 +26,7 @@ from tbhpc.train.jobs import end_run
 from tbhpc.train.loop import Trainer, trainable_tokens
 from tbhpc.train.queue import make_store
 from tbhpc.train.record import open_train_run
+from tbhpc.train.pending import PendingGroups
 from tbhpc.train.rollouts import RolloutContext
 from tbhpc.train.stability import CollapseGuard
 from tbhpc.train.steplog import StepLog
@@ -68,7 +69,7 @@ def build_trainer(cfg: TrainConfig, run_path: Path, env: DistEnv | None = None, 
                          max_staleness=cfg.max_staleness, episodes_in_flight=cfg.in_flight_per_rank(env.world) if cfg.generator != "local" else 1,
                          overlong=(cfg.response_budget, cfg.overlong_buffer, cfg.overlong_penalty),
                          min_group_std=cfg.min_group_std, algorithm=cfg.algorithm,
-                         pool_at=curriculum.pool_at)
+                         pool_at=curriculum.pool_at, pending=PendingGroups(run_path))
     if cfg.generator == "server":
         weights = ServerWeights(run_path, cfg.sync_timeout_s, or_newer=cfg.max_staleness > 0, stop=stop)
     else:

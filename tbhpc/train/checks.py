@@ -49,11 +49,12 @@ def check_fields(cfg: TrainConfig) -> None:
         raise UserError("train config: field 'refresh_pool' needs refresh_below > 0 (when to refresh the pool)")
     if cfg.draw_ahead < -1:
         raise UserError(f"train config: field 'draw_ahead' must be >= 0, or -1 (no bound), got {cfg.draw_ahead!r}")
-    if cfg.max_staleness not in (0, 1):
-        raise UserError(f"train config: field 'max_staleness' must be 0 (on-policy) or 1 (one step off-policy), "
-                        f"got {cfg.max_staleness!r}")
-    if not (_finite(cfg.tis_cap) and (cfg.tis_cap == 0 or cfg.tis_cap >= 1)):
-        raise UserError(f"train config: field 'tis_cap' must be 0 (off) or a number >= 1, got {cfg.tis_cap!r}")
+    if cfg.max_staleness < 0:
+        raise UserError(f"train config: field 'max_staleness' must be >= 0 (0: on-policy; k: tokens at most k updates "
+                        f"old), got {cfg.max_staleness!r}")
+    if cfg.tis_cap is not None and not (_finite(cfg.tis_cap) and (cfg.tis_cap == 0 or cfg.tis_cap >= 1)):
+        raise UserError(f"train config: field 'tis_cap' must be 0 (off), a number >= 1, or unset (2 from "
+                        f"max_staleness 2), got {cfg.tis_cap!r}")
     if cfg.generator not in ("server", "local", "batched"):
         raise UserError(f"train config: field 'generator' must be server, local or batched, got {cfg.generator!r}")
     if cfg.dtype not in ("auto", "fp32", "bf16"):

@@ -46,8 +46,8 @@ class TrainConfig:
     refresh_window: int = 10              # steps over which the mixed-group share is measured
     refresh_pool: str = ""                # candidate task ids (a pool file or id list); empty: re-band only
     refresh_size: int = 0                 # candidates that join at a refresh (0: as many as left)
-    # 0: on-policy, rollouts wait for the previous update. 1: one step off-policy, step s+1's rollouts are
-    # generated (from the newest verified weights, at least step s-1's) while step s updates; older refused
+    # 0: on-policy, rollouts wait for the previous update. k >= 1: the rollouts of steps s+1 .. s+k run while
+    # step s updates, step t claiming draws once weights at most k versions behind it are served (train/window.py)
     max_staleness: int = 0
     # where tokens come from: the run's vLLM server (endpoint.json) or the policy in this process
     generator: str = "server"             # server | local | batched (in process; batched serves episodes_in_flight together)
@@ -75,7 +75,8 @@ class TrainConfig:
     clip_low: float = 0.2                 # PPO clip below: ratio >= 1 - clip_low
     clip_high: float = 0.2                # PPO clip above: ratio <= 1 + clip_high
     dual_clip: float = 3.0                # cap on the loss of negative-advantage tokens (0: off)
-    tis_cap: float = 0.0                  # truncated IS (decoupled loss, grpo.py): weight min(pi/mu, cap); 0: off
+    tis_cap: float | None = None          # truncated IS (decoupled loss, grpo.py): weight min(pi/mu, cap); 0: off;
+                                          # unset: 2 with max_staleness >= 2, else off (truncation_cap)
     # stability (train/stability.py), all off by default
     overlong_filter: bool = False         # episodes cut off by response_budget: in the group baseline, never trained on
     overlong_buffer: int = 0              # soft overlong penalty over the budget's last N generated tokens (0: off)
@@ -178,6 +179,15 @@ class TrainConfig:
     def silence_timeout(self) -> float:
         """Seconds without a heartbeat after which a peer counts as gone (frozen, killed, node lost)."""
         return min(120.0, self.collective_timeout)
+
+    @property
+    def truncation_cap(self) -> float:
+        """The importance-weight cap the loss uses: tis_cap, or when unset 2 from max_staleness 2 on
+        (a token may then be two or more updates old; 2 is verl's and SkyRL's TIS default) and off
+        below (one update behind, the PPO clip bounds the step as before)."""
+        if self.tis_cap is not None:
+            return float(self.tis_cap)
+        return 2.0 if self.max_staleness >= 2 else 0.0
 
     @property
     def draw_cap(self) -> int:

@@ -45,6 +45,7 @@ class UpdateStats:
     mismatch: float = 0.0         # mean |trainer - server| logprob on this rank's loss tokens
     ratio_max: float = 0.0
     truncated: float = 0.0        # share of this rank's loss tokens whose IS weight hit tis_cap
+    by_staleness: list | None = None   # this rank's [loss tokens, clipped, truncated, sum |log pi/mu|] per staleness
     entropy: float = 0.0          # mean entropy of the trained policy over this rank's loss tokens (nats)
     peak_bytes: int = 0           # this rank's peak memory during the update (GPU allocated, or CPU resident)
 
@@ -194,7 +195,11 @@ class Engine:
                 else:
                     loss, s = policy_loss(lp, p.behaviour.to(self.device), p.advantages.to(self.device),
                                           p.loss_mask.to(self.device), normaliser, cfg.clip_low, cfg.clip_high,
-                                          reducer, cfg.dual_clip, weights, cfg.tis_cap)
+                                          reducer, cfg.dual_clip, weights, cfg.truncation_cap, p.staleness,
+                                          cfg.max_staleness + 1)
+                    if s.by_staleness:
+                        st.by_staleness = [[a + b for a, b in zip(x, y)] for x, y in
+                                           zip(st.by_staleness or [[0.0] * 4] * len(s.by_staleness), s.by_staleness)]
                 clipped += s.clip_fraction * s.loss_tokens
                 capped += s.truncated * s.loss_tokens
                 mism += s.mismatch * s.loss_tokens

@@ -18,6 +18,13 @@ per-token importance weight min(pi/mu, C), held constant (no gradient through it
 optimiser step per training step the trainer's ratio is 1 where the gradient is taken, so the
 gradient is -A x min(pi/mu, C) x grad log pi: every sampled token counts, a token the policy has
 since made C times likelier counts at most C times.
+
+Told each token's staleness (`max_staleness` k: a token may be k updates old), the decoupled form
+applies to stale tokens only: a token the weights being updated sampled themselves has pi_old = mu,
+where the two forms are the same loss, so it keeps the plain clipped ratio and the loss of a step
+whose tokens are all current is exactly the on-policy one. From k = 2 the cap is on by default
+(TrainConfig.truncation_cap): after two updates a token's ratio pi/mu may already sit outside the
+clip band, where the plain form would give it no gradient at all.
 """
 from __future__ import annotations
 
@@ -54,11 +61,26 @@ class LossStats:
     mismatch: float             # mean |trainer logprob - behaviour logprob| (on-policy: the engines' disagreement)
     ratio_max: float            # max pi/mu over the loss tokens
     truncated: float = 0.0      # share of loss tokens whose IS weight hit tis_cap
+    by_staleness: list = None   # per staleness 0..buckets-1: [loss tokens, clipped, truncated, sum |log pi/mu|]
+
+
+def staleness_split(staleness, mask, held, capped, log_ratio, buckets: int) -> list[list[float]]:
+    """The clip, truncation and mismatch counts of the loss tokens sampled 0, 1, .., buckets-1
+    updates ago (older ones count in the last bucket; -1 marks tokens outside the loss)."""
+    import torch
+    age = torch.clamp(staleness.to(mask.device), max=buckets - 1)
+    live = (mask > 0) & (age >= 0)
+    out = []
+    for b in range(buckets):
+        sel = live & (age == b)
+        out.append([float(sel.sum()), float((held & sel).sum()), float((capped & sel).sum()),
+                    float((log_ratio.abs() * sel).sum())])
+    return out
 
 
 def policy_loss(logprobs, behaviour_logprobs, advantages, loss_mask, global_loss_tokens: float,
                 clip_low: float = 0.2, clip_high: float = 0.2, reducer_world_size: int = 1, dual_clip: float = 0.0,
-                token_weights=None, tis_cap: float = 0.0):
+                token_weights=None, tis_cap: float = 0.0, staleness=None, buckets: int = 0):
     """PPO-clip loss of one micro-batch on one rank (torch tensors of one shape, [B, L] or [T]).
 
     `global_loss_tokens`: loss tokens of the whole step over every rank and micro-batch (the
@@ -69,6 +91,7 @@ def policy_loss(logprobs, behaviour_logprobs, advantages, loss_mask, global_loss
     `dual_clip` (> 1, 0 = off): a negative-advantage token's loss is capped at -A x dual_clip, so
     one token whose ratio exploded cannot dominate the step (verl's clip_ratio_c, 3 in the recipe).
     `tis_cap` (>= 1, 0 = off): the decoupled loss of the module docstring, IS weight capped at it.
+    `staleness` (per token, -1 outside the loss) and `buckets` (> 0): the stats split by staleness.
     Summing the returned losses over micro-batches and ranks gives the step's token-mean loss
     times `reducer_world_size`. Returns (loss, LossStats)."""
     import torch
@@ -77,10 +100,15 @@ def policy_loss(logprobs, behaviour_logprobs, advantages, loss_mask, global_loss
         raise ValueError("global_loss_tokens must be positive (a step with no loss tokens has nothing to learn)")
     mask = loss_mask.to(logprobs.dtype)
     log_ratio = (logprobs - behaviour_logprobs) * mask         # pi / mu: to the policy that sampled the token
+    current = None
     if tis_cap:
         anchor = logprobs.detach()                                # the weights being updated
         is_weight = torch.clamp(torch.exp(log_ratio.detach()), max=tis_cap)
         ratio = torch.exp((logprobs - anchor) * mask)
+        if staleness is not None:                                 # current tokens: pi_old = mu, the plain ratio
+            current = staleness.to(logprobs.device) <= 0
+            ratio = torch.where(current, torch.exp(log_ratio), ratio)
+            is_weight = torch.where(current, torch.ones_like(is_weight), is_weight)
     else:
         is_weight = None
         ratio = torch.exp(log_ratio)
@@ -95,10 +123,15 @@ def policy_loss(logprobs, behaviour_logprobs, advantages, loss_mask, global_loss
     loss = weighted.sum() * (reducer_world_size / global_loss_tokens)
     with torch.no_grad():
         n = int(mask.sum().item())
-        held = ((clipped > unclipped) & (mask > 0)).sum().item()
-        capped = ((torch.exp(log_ratio) > tis_cap) & (mask > 0)).sum().item() if tis_cap else 0
+        held_at = (clipped > unclipped) & (mask > 0)
+        capped_at = (torch.exp(log_ratio) > tis_cap) & (mask > 0) if tis_cap else torch.zeros_like(held_at)
+        if current is not None:
+            capped_at &= ~current
+        held, capped = held_at.sum().item(), capped_at.sum().item()
         stats = LossStats(n, held / n if n else 0.0,
                           float((log_ratio.abs() * mask).sum().item() / n) if n else 0.0,
                           float((torch.exp(log_ratio) * mask).max().item()) if n else 0.0,
-                          capped / n if n else 0.0)
+                          capped / n if n else 0.0,
+                          staleness_split(staleness, mask, held_at, capped_at, log_ratio, buckets)
+                          if staleness is not None and buckets else None)
     return loss, stats

@@ -78,6 +78,7 @@ def sp_slice(p: Packed, sp_rank: int, sp_size: int, count_episodes: bool) -> Pac
     return replace(p, input_ids=ids[a:b][None], position_ids=pos[a:b][None], loss_mask=mask,
                    behaviour=per_position(p.behaviour)[a:b], advantages=per_position(p.advantages)[a:b],
                    weights=None if p.weights is None else per_position(p.weights)[a:b],
+                   staleness=None if p.staleness is None else per_position(p.staleness, -1)[a:b],
                    episodes=p.episodes if count_episodes else [], n_tokens=b - a, n_loss_tokens=int(mask.sum()),
                    targets=targets[a:b])
 

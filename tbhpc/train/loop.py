@@ -13,9 +13,9 @@
 On USR2/SIGTERM (Slurm's warning before a time limit or preemption) every rank stops at the next
 safe point: a step whose rollouts were cut short is abandoned (it is redrawn identically on
 resume), a step past its rollouts is finished and checkpointed; then rank 0 requeues the job.
-One step off-policy (`max_staleness: 1`), the rollouts of step s+1 run in a thread during step s's
-update and publish, from step s-1's weights (or newer, on a server); `fit` says what that does to
-determinism and preemption. The parts the loop drives (engine, rollout context, weight source,
+Off-policy (`max_staleness: k` >= 1), the rollouts of steps s+1 .. s+k run in threads during step
+s's update and publish, each admitted once the weights it may sample from are served
+(train/window.py); `fit` says what that does to determinism and preemption. The parts the loop drives (engine, rollout context, weight source,
 step log, ...) are made in build.py; what each phase writes lives beside it (record.py,
 steplog.py, publish.py).
 """
@@ -39,11 +39,12 @@ from tbhpc.train.packing import effective_budget, pack
 from tbhpc.train.publish import publish, rewind_publications
 from tbhpc.train.queue import FLAT, MIXED, DrawQueue
 from tbhpc.train.record import record_attempts
-from tbhpc.train.rollouts import Ahead, RolloutContext, StepRollouts, report_progress, run_rank_rollouts
+from tbhpc.train.rollouts import RolloutContext, StepRollouts, report_progress, run_rank_rollouts
 from tbhpc.train.stability import CollapseGuard, RolloutHealth, is_overlong
 from tbhpc.train.steplog import StepLog, step_row
 from tbhpc.train.watch import Watch, collectives
 from tbhpc.train.weights import LocalWeights, ServerWeights
+from tbhpc.train.window import Window, admission_version
 
 
 class Preempted(TbhpcError):
@@ -80,10 +81,11 @@ class Trainer:
     # ---- generation side -------------------------------------------------------------------
     def _rollouts(self, step: int) -> StepRollouts:
         """Step `step`'s rollouts, sampled from the weights of step - 1 - max_staleness (or newer on a
-        server). On-policy this runs in the loop; one step off-policy, in a thread during the
-        previous step's update (no collectives here: only the draw queue's store is shared)."""
+        server: claims start once that version is served). On-policy this runs in the loop;
+        off-policy, in a thread during earlier steps' updates (no collectives here: only the draw
+        queue's store is shared)."""
         t_start, t0 = time.time(), time.monotonic()
-        self.weights.load(max(0, step - 1 - self.cfg.max_staleness))
+        self.weights.load(admission_version(step, self.cfg.max_staleness))
         sync_s = time.monotonic() - t0
         t1 = time.monotonic()
         queue = DrawQueue(self.store, step, self.cfg.groups_per_step, self.cfg.draw_cap,
@@ -103,11 +105,12 @@ class Trainer:
     def fit(self) -> int:
         """Run steps until cfg.steps; returns the last finished step. Raises Preempted on a signal.
 
-        One step off-policy (max_staleness 1) the rollouts of step s+1 start, in a thread, as soon
-        as step s's rollouts end, from the newest weights then published (step s-1's), and run
-        while step s updates and publishes. Determinism: the in-process generator samples step s
-        from exactly step s-2's weights, so a resumed run redraws the same rows; a server samples
-        from whatever verified version it holds when each request runs (recorded per sample)."""
+        Off-policy (max_staleness k >= 1) the rollouts of steps s+1 .. s+k run in threads while
+        step s updates and publishes (train/window.py). Determinism: the in-process generator
+        samples step s from exactly step s-1-k's weights, its steps one after another, so a resumed
+        run redraws the same rows; a server samples from whatever verified version it holds when
+        each turn runs (recorded per token). Decided groups of open steps are kept on disk
+        (train/pending.py): a resumed run takes them back instead of drawing them again."""
         stop_on_signals(self.stop, self.env.rank)
         client = self.eng.load(str(self.run_path / "ds_checkpoints"))
         start = int(client["step"]) + 1 if client else 1
@@ -124,8 +127,12 @@ class Trainer:
             if self.rank0:
                 self.log(f"train: this run spent its time budget ({self.cfg.max_seconds:g} s) at step {start - 1}")
             return start - 1
+        if self.rank0:
+            kept = self.ctx.pending.resume(start - 1) if self.ctx.pending else 0
+            if kept:
+                self.log(f"train: {kept} decided group(s) of the steps after {start - 1} taken back from before the stop")
         rewound = self._rewind_publications(start - 1) if self.rank0 and client else False
-        rewound = self.eng.all_reduce([float(rewound)], "max")[0] > 0
+        rewound = self.eng.all_reduce([float(rewound)], "max")[0] > 0     # also: every rank sees the pending groups
         last = published(self.run_path, start - 1) if start > 1 else None
         if start > 1 and (rewound or last is None or last.transport == "broadcast"):
             # saved but never published (stopped in between), published since, or broadcast into a server
@@ -133,20 +140,23 @@ class Trainer:
             self._publish(start - 1)
             if rewound:                       # the server may still serve a discarded step: wait for this one
                 self.weights.pin(start - 1)
-        ahead = Ahead.started(self._rollouts, start) if self.cfg.max_staleness and start <= self.cfg.steps else None
+        k = self.cfg.max_staleness
+        window = Window(self._rollouts, self.cfg.steps, serial=not isinstance(self.weights, ServerWeights))
+        window.start_at(start)
+        window.fill(start + k - 1)
         t_free = time.monotonic()
         try:
             for step in range(start, self.cfg.steps + 1):
                 t_wait = time.monotonic()
                 self.watch.phase = f"the rollouts of step {step}"
-                ro = ahead.result() if ahead else self._rollouts(step)
+                ro = window.take(step)
                 wait_s = time.monotonic() - t_wait
                 self.watch.meet(f"rollouts-{step}", f"the rollouts of step {step}")   # bounded: no collective yet
                 if self._agree_to_stop():     # also the barrier after which every rank's outcomes are in
                     if step > 1 and self.checkpointed != step - 1:   # checkpoint_every > 1: save what step-1 left
                         self._checkpoint(step - 1)
                     raise Preempted(f"stopped during the rollouts of step {step}; it is redrawn on resume")
-                ahead = Ahead.started(self._rollouts, step + 1) if self.cfg.max_staleness and step < self.cfg.steps else None
+                window.fill(step + k)
                 with collectives(self.watch, f"the update and publication of step {step}", self.cfg.collective_timeout):
                     self._learn(step, ro, wait_s, t_free)
                 t_free = time.monotonic()
@@ -155,12 +165,14 @@ class Trainer:
                 if self._agree_to_stop():
                     if self.checkpointed != step:     # checkpoint_every > 1: a signal's step is saved all the same
                         self._checkpoint(step)
-                    nxt = f"; the rollouts of step {step + 1} are redrawn on resume" if ahead else ""
-                    raise Preempted(f"stopped after step {step} (checkpointed){nxt}")
+                    nxt = window.running()
+                    later = (f"; the undecided draws of step{'s' if len(nxt) > 1 else ''} "
+                             f"{', '.join(map(str, nxt))} are redrawn on resume" if nxt else "")
+                    raise Preempted(f"stopped after step {step} (checkpointed){later}")
         finally:
-            if ahead is not None:     # stopping (a signal or an error): the thread sees the stop event
+            if window.open:           # stopping (a signal or an error): the threads see the stop event
                 self.stop.set()
-                ahead.join()
+                window.close()
         return self.cfg.steps
 
     def fatal(self, line: str) -> None:
@@ -198,7 +210,8 @@ class Trainer:
         else:
             budget = effective_budget(cfg.microbatch_tokens, [len(e.tokens) for e in episodes],
                                       getattr(self.eng.module.config, "_attn_implementation", None), cfg.sp_size)
-            stats = self.eng.update(pack(episodes, adv, budget, seq_weights=cfg.loss_agg == "seq-mean-token-mean"))
+            stats = self.eng.update(pack(episodes, adv, budget, seq_weights=cfg.loss_agg == "seq-mean-token-mean",
+                                         trained_version=step - 1))
         update_s, t_updated = time.monotonic() - t0, time.time()
         self._check_budget(step, time.monotonic() - t_free)
         t0 = time.monotonic()
@@ -229,6 +242,8 @@ class Trainer:
             if refresh:
                 self.log(record_refresh(self.run_path, refresh))
             self.steplog.write(row)
+            if self.ctx.pending is not None:
+                self.ctx.pending.done(step)
 
     def _advantages(self, kept):
         """The kept groups' samples and advantages (from the shaped rewards); with overlong_filter an

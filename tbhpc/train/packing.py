@@ -37,6 +37,8 @@ class Packed:
     weights: object = None       # float [T-1]: 1 / the episode's loss tokens (seq-mean aggregation), else None
     targets: object = None       # long [T]: a sequence-parallel slice's target per position (longseq.sp_slice);
                                  # then the per-target arrays have T entries too
+    staleness: object = None     # long [T-1]: how many updates old the weights that sampled each target were
+                                 # (-1 where it is not a loss token); None when pack was not told the step
 
 
 def bins(lengths: list[int], budget: int) -> list[list[int]]:
@@ -68,9 +70,12 @@ def effective_budget(budget: int, lengths: list[int], attn_implementation: str |
     return max(1, min(budget, max(lengths, default=1)))
 
 
-def pack(episodes: list, advantages: list[float], budget: int, seq_weights: bool = False) -> list[Packed]:
+def pack(episodes: list, advantages: list[float], budget: int, seq_weights: bool = False,
+         trained_version: int | None = None) -> list[Packed]:
     """`episodes`: objects with tokens, loss_mask, logprobs arrays (rollout buffer Episodes).
-    `seq_weights`: also carry 1 / (the episode's loss tokens) per token (seq-mean-token-mean)."""
+    `seq_weights`: also carry 1 / (the episode's loss tokens) per token (seq-mean-token-mean).
+    `trained_version`: the version the update starts from (step - 1): each loss token then carries
+    its staleness, trained_version - the version that sampled it (the episodes' `versions`)."""
     import torch
 
     lengths = [len(e.tokens) for e in episodes]
@@ -90,8 +95,13 @@ def pack(episodes: list, advantages: list[float], budget: int, seq_weights: bool
             per_episode = [1.0 / max(float(mask[a:b].sum()), 1.0) for a, b in zip(starts, ends)]
             weights = torch.from_numpy(np.concatenate([np.full(lengths[i], w, np.float32)
                                                        for i, w in zip(idx, per_episode)])[1:].copy())
+        stale = None
+        if trained_version is not None:
+            versions = np.concatenate([episodes[i].versions for i in idx]).astype(np.int64)
+            ages = np.where((mask > 0) & (versions >= 0), trained_version - versions, -1)
+            stale = torch.from_numpy(ages[1:].copy())
         out.append(Packed(torch.from_numpy(ids)[None], torch.from_numpy(pos)[None], torch.from_numpy(mask[1:].copy()),
                           torch.from_numpy(beh[1:].copy()), torch.from_numpy(adv[1:].copy()), idx, int(len(ids)),
-                          int(mask.sum()), weights))
+                          int(mask.sum()), weights, staleness=stale))
     return out
 

@@ -64,6 +64,11 @@ STEP_COLUMNS: dict[str, str] = {
     "policy_entropy": "DOUBLE", "peak_gb": "DOUBLE",
     "too_long": "INTEGER",      # samples longer than the plan's longest trainable episode, left out of the update
     "pool_version": "INTEGER", "pool_size": "INTEGER",   # the curriculum's pool this step drew from (0: the selected one)
+    # off-policy by k (train/window.py): the step's loss tokens by staleness 0..k (index i: i updates old),
+    # and the clip, truncation and mismatch figures of each of those groups of tokens; episodes whose tokens
+    # came from more than one version, turns issued again after a sync, tokens the server prefilled again
+    "staleness_tokens": "BIGINT[]", "clip_by_staleness": "DOUBLE[]", "truncated_by_staleness": "DOUBLE[]",
+    "mismatch_by_staleness": "DOUBLE[]", "spanning": "INTEGER", "reissued": "INTEGER", "reprefilled": "BIGINT",
 }
 
 
@@ -126,7 +131,11 @@ def record_attempts(run: RunDir, cfg: TrainConfig, step: int, groups, rank: int,
             version = version_of(r.episode.policy_version)
             started = datetime.now(timezone.utc)
             row = attempt_row(r.result, cfg.name, version, attempt_index(cfg, step, g.index, k), started, run.blobs)
-            row.update(train_step=step, policy_version=version)
+            samples = r.samples
+            row.update(train_step=step, policy_version=version,
+                       newest_version=version_of(max(x.newest_version for x in samples)),
+                       version_switches=sum(x.switches for x in samples), reissued_turns=sum(x.reissued for x in samples),
+                       reprefilled_tokens=sum(x.reprefilled for x in samples))
             rows.append(row)
             eps.extend(r.samples)
     suffix = "" if world == 1 else f".rank{rank}"
@@ -174,6 +183,13 @@ def read_steps(run: RunDir) -> list[dict]:
     return [last[k] for k in sorted(last)]
 
 
+def _ages(row: dict) -> str:
+    """Loss tokens by staleness as shares, with the truncation of the stale ones: '0:41% 1:37% 2:22% trunc 0.031'."""
+    n = sum(row["staleness_tokens"]) or 1
+    shares = " ".join(f"{i}:{100 * t / n:.0f}%" for i, t in enumerate(row["staleness_tokens"]))
+    return shares + f" trunc {row.get('truncated', 0.0):.3f}" + (f" reissued {row['reissued']}" if row.get("reissued") else "")
+
+
 def step_line(row: dict) -> str:
     """The console line of one step (pure)."""
     return (f"step {row['step']:>4} [{row['policy_version']}] reward {row['reward_mean']:.3f} "
@@ -182,5 +198,6 @@ def step_line(row: dict) -> str:
             f"clip {row['clip_fraction']:.3f} Δlp {row['mismatch']:.2e} | rollout {row['rollout_s']:.1f}s "
             f"update {row['update_s']:.1f}s publish {row['publish_s']:.1f}s sync {row['sync_s']:.1f}s"
             + (f" wait {row['wait_s']:.1f}s (staleness {row['staleness']})" if row.get("max_staleness") else "")
+            + (f" | age {_ages(row)}" if (row.get("max_staleness") or 0) >= 2 and row.get("staleness_tokens") else "")
             + (f" | len {row['gen_tokens']:.0f} H {row['entropy']:.3f}" if row.get("gen_tokens") is not None else "")
             + (f" GUARD {row['guard']}" if row.get("guard") else ""))

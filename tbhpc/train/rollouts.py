@@ -7,15 +7,20 @@ flight), so the unit of concurrency is the episode; groups are claimed one per g
 fan their episodes out to a shared episode pool of `episodes_in_flight` slots. A group whose
 episodes hit a system error re-runs them (`collect_episode`, bounded); a group that still cannot
 be completed is DROPPED, never scored. A group claimed past the step's cutoff stops between
-episodes (surplus). Tokens from weights other than the step's expected version (older than the
-staleness bound) are not trained on: that group is dropped and counted.
+episodes (surplus). Tokens from weights older than the staleness bound are not trained on: that
+group is dropped and counted (admission, train/window.py, keeps this from happening).
+
+Off-policy, several steps' rollouts run at once on a rank; they share its episode slots
+(`EpisodeSlots`), the earliest step first, since the trainer waits for it next.
 """
 from __future__ import annotations
 
+import itertools
 import math
+import queue as queues
 import threading
 import time
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from dataclasses import dataclass, field
 
 from tbhpc.errors import InfraError
@@ -39,6 +44,7 @@ class GroupOutcome:
     error: str = ""
     seconds: float = 0.0
     rewards: list[float] = field(default_factory=list)   # what the advantages see: the grades, shaped (stability.py)
+    resumed: bool = False        # taken back from before a preemption (train/pending.py), not run again
 
 
 @dataclass
@@ -59,9 +65,43 @@ class RolloutContext:
     min_group_std: float = 0.0   # a group below this reward std is flat (replaced)
     algorithm: str = "grpo"      # rft: a group is kept when one of its checks passed (train/rft.py)
     pool_at: object = None       # step -> the pool its draws use (train/curriculum.py); None: `pool` throughout
+    pending: object = None       # PendingGroups: decided groups kept across a preemption (train/pending.py)
+    slots: object = None         # EpisodeSlots shared by every open step (made on first use)
 
     def pool_for(self, step: int) -> list[str]:
         return self.pool if self.pool_at is None else self.pool_at(step)
+
+    def episode_slots(self) -> "EpisodeSlots":
+        if self.slots is None:
+            self.slots = EpisodeSlots(self.episodes_in_flight)
+        return self.slots
+
+
+class EpisodeSlots:
+    """A rank's episode threads (`n`), shared by the steps whose rollouts are open: a waiting
+    episode of an earlier step runs before one of a later step, then by draw order. Threads are
+    daemons that live as long as the trainer process."""
+
+    def __init__(self, n: int):
+        self.jobs: queues.PriorityQueue = queues.PriorityQueue()
+        self.order = itertools.count()
+        for k in range(max(1, n)):
+            threading.Thread(target=self._work, name=f"episode-{k}", daemon=True).start()
+
+    def submit(self, priority: tuple, fn, *args) -> Future:
+        f: Future = Future()
+        self.jobs.put((priority, next(self.order), f, fn, args))
+        return f
+
+    def _work(self) -> None:
+        while True:
+            _, _, f, fn, args = self.jobs.get()
+            if not f.set_running_or_notify_cancel():
+                continue
+            try:
+                f.set_result(fn(*args))
+            except BaseException as exc:    # handed to whoever waits on the future
+                f.set_exception(exc)
 
 
 def run_rank_rollouts(ctx: RolloutContext, queue: DrawQueue, step: int, expected_version: int,
@@ -72,35 +112,41 @@ def run_rank_rollouts(ctx: RolloutContext, queue: DrawQueue, step: int, expected
     lock = threading.Lock()
     group_threads = max(1, math.ceil(ctx.episodes_in_flight / ctx.group_size))
     errors: list[BaseException] = []
-    with ThreadPoolExecutor(ctx.episodes_in_flight, thread_name_prefix="episode") as episodes:
-        def worker() -> None:
-            try:
-                while not stop.is_set() and (i := queue.claim()) is not None:
-                    g = _run_group(ctx, episodes, queue, step, i, expected_version, stop)
-                    if g.status == SURPLUS:
-                        queue.release(i)
-                    else:
-                        queue.report(i, g.status)
-                    with lock:
-                        out.append(g)
-                    queue.cutoff()    # decide as soon as the outcomes allow: other workers stop claiming
-            except BaseException as exc:   # a bug or a refused template: stop everyone, re-raise below
-                errors.append(exc)
-                stop.set()
-            if stop.is_set():
-                queue.abort()     # a signal (or an error) here stops every rank's claims
-        threads = [threading.Thread(target=worker, name=f"group-{k}") for k in range(group_threads)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    episodes = ctx.episode_slots()
+
+    def worker() -> None:
+        try:
+            while not stop.is_set() and (i := queue.claim()) is not None:
+                g = _run_group(ctx, episodes, queue, step, i, expected_version, stop)
+                if g.status == SURPLUS:
+                    queue.release(i)
+                else:
+                    if ctx.pending is not None and not g.resumed:
+                        ctx.pending.save(step, g)      # before it is reported: a stop from here on keeps it
+                    queue.report(i, g.status)
+                with lock:
+                    out.append(g)
+                queue.cutoff()    # decide as soon as the outcomes allow: other workers stop claiming
+        except BaseException as exc:   # a bug or a refused template: stop everyone, re-raise below
+            errors.append(exc)
+            stop.set()
+        if stop.is_set():
+            queue.abort()     # a signal (or an error) here stops every rank's claims
+    threads = [threading.Thread(target=worker, name=f"group-{step}-{k}") for k in range(group_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     if errors:
         raise errors[0]
     return sorted(out, key=lambda g: g.index)
 
 
-def _run_group(ctx: RolloutContext, episodes: ThreadPoolExecutor, queue: DrawQueue, step: int, index: int,
+def _run_group(ctx: RolloutContext, episodes: EpisodeSlots, queue: DrawQueue, step: int, index: int,
                expected_version: int, stop: threading.Event) -> GroupOutcome:
+    if ctx.pending is not None and (kept := ctx.pending.load(step, index)) is not None:
+        kept.resumed = True          # decided before a preemption: its rows as they were sampled
+        return kept
     t0 = time.monotonic()
     task = ctx.tasks[draw(ctx.pool_for(step), ctx.seed, step, index)]
     domain = ctx.env_of(task)
@@ -112,7 +158,7 @@ def _run_group(ctx: RolloutContext, episodes: ThreadPoolExecutor, queue: DrawQue
         return collect_episode(task, domain, ctx.policy, ctx.user, ctx.judge, group=index, index=k, seed=base + k,
                                max_reruns=ctx.max_reruns)
 
-    futures = [episodes.submit(one, k) for k in range(ctx.group_size)]
+    futures = [episodes.submit((step, index, k), one, k) for k in range(ctx.group_size)]
     done, pending = wait(futures, return_when=FIRST_EXCEPTION)
     for f in pending:
         f.cancel()
@@ -130,7 +176,7 @@ def _run_group(ctx: RolloutContext, episodes: ThreadPoolExecutor, queue: DrawQue
         g.status = SURPLUS
         return g
     g.rollouts, g.reruns = rollouts, sum(r.reruns for r in rollouts)
-    oldest = min(r.episode.policy_version for r in rollouts)
+    oldest = min(s.policy_version for r in rollouts for s in r.samples)
     if expected_version - oldest > ctx.max_staleness:
         g.error = f"sampled by step {oldest}, expected step {expected_version} (staleness bound {ctx.max_staleness})"
         return g
@@ -149,36 +195,6 @@ class StepRollouts:
     rollout_s: float
     started: float              # wall clock (time.time()) of the wait for weights, and of the last outcome
     ended: float
-
-
-class Ahead:
-    """The next step's rollouts, running in a thread while this step updates (one step
-    off-policy); its result, or its exception, is handed to the loop's thread."""
-
-    def __init__(self, fn, step: int):
-        self.value, self.error = None, None
-        self.thread = threading.Thread(target=self._run, args=(fn, step), name=f"rollouts-{step}", daemon=True)
-
-    @classmethod
-    def started(cls, fn, step: int) -> "Ahead":
-        a = cls(fn, step)
-        a.thread.start()
-        return a
-
-    def _run(self, fn, step: int) -> None:
-        try:
-            self.value = fn(step)
-        except BaseException as exc:    # handed to the loop, which raises it in the main thread
-            self.error = exc
-
-    def join(self) -> None:
-        self.thread.join()
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.value
 
 
 def report_progress(queue: DrawQueue, step: int, need: int, kind: str, done: threading.Event, t0: float, log,

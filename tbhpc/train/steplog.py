@@ -41,12 +41,17 @@ def step_row(cfg: TrainConfig, world: int, step: int, outcomes, cutoff: int, sta
         "mismatch_tokens": stats.mismatch * stats.loss_tokens, "ratio_max": stats.ratio_max,
         "entropy_tokens": stats.entropy * stats.loss_tokens, "peak_bytes": stats.peak_bytes,
         "staleness": max((step - 1 - r.episode.policy_version for g in mine for r in g.rollouts), default=0),
+        "spanning": sum(s.switches > 0 for g in mine for r in g.rollouts for s in r.samples),
+        "reissued": sum(s.reissued for g in mine for r in g.rollouts for s in r.samples),
+        "reprefilled": sum(s.reprefilled for g in mine for r in g.rollouts for s in r.samples),
+        "by_staleness": stats.by_staleness or [[0.0] * 4 for _ in range(cfg.max_staleness + 1)],
     }
     parts = [local]
     if world > 1:
         parts = [None] * world
         dist.all_gather_object(parts, local)
-    tot = {k: sum(p[k] for p in parts) for k in local if k not in ("ratio_max", "staleness", "peak_bytes")}
+    tot = {k: sum(p[k] for p in parts) for k in local if k not in ("ratio_max", "staleness", "peak_bytes", "by_staleness")}
+    split = [[sum(p["by_staleness"][b][i] for p in parts) for i in range(4)] for b in range(cfg.max_staleness + 1)]
     lt = tot["loss_tokens"] or 1
     return {
         "run": cfg.name, "step": step, "policy_version": version_of(step - 1), "world": world,
@@ -63,7 +68,18 @@ def step_row(cfg: TrainConfig, world: int, step: int, outcomes, cutoff: int, sta
         "finished_at": _utc(time.time()),
         "max_staleness": cfg.max_staleness, "truncated": tot["truncated_tokens"] / lt,
         **{k: _utc(v) for k, v in stamps.items()},   # rank 0's clock (the timeline of `tbhpc report`)
+        **staleness_columns(split),
+        **{k: int(tot[k]) for k in ("spanning", "reissued", "reprefilled")},
     }
+
+
+def staleness_columns(split: list[list[float]]) -> dict:
+    """The per-staleness columns of a train_steps row from the summed [loss tokens, clipped,
+    truncated, sum |log pi/mu|] of each staleness 0..k."""
+    def share(i: int) -> list[float]:
+        return [round(b[i] / b[0], 6) if b[0] else 0.0 for b in split]
+    return {"staleness_tokens": [int(b[0]) for b in split], "clip_by_staleness": share(1),
+            "truncated_by_staleness": share(2), "mismatch_by_staleness": share(3)}
 
 
 class StepLog:
