@@ -219,6 +219,7 @@ def _span(v, a, b):
 def test_a_turn_aborted_by_a_sync_is_issued_again_and_only_its_tokens_are_kept(stand_in):
     StandIn.answers = [([7, 8], [-1.0, -1.1], "abort", [_span("step-000001", 0, 2)]),
                        ([9, 10, 11], [-0.5, -0.6, -0.7], "stop", [_span("step-000002", 0, 3)])]
+    StandIn.served = ["step-000001", "step-000002"]        # the sync's load had not begun when the abort came
     gen = ServerGenerator(stand_in, retries=0)
     g = gen.generate([1, 2, 3, 4], Sampling(max_tokens=8), seed=11)
     assert (g.token_ids, g.logprobs, g.finish_reason) == ([9, 10, 11], [-0.5, -0.6, -0.7], "stop")
@@ -226,6 +227,7 @@ def test_a_turn_aborted_by_a_sync_is_issued_again_and_only_its_tokens_are_kept(s
     assert (g.reissued, g.discarded, g.reprefilled) == (1, 2, 4)
     assert [r["token_ids"] for r in StandIn.requests] == [[1, 2, 3, 4]] * 2          # the same prompt
     assert {r["sampling_params"]["seed"] for r in StandIn.requests} == {11}          # and seed
+    assert StandIn.asked == ["step-000001", "step-000002"]      # re-issued once the server left the aborted version
 
 
 def test_a_turn_sampled_while_a_version_is_verified_waits_for_the_verdict_and_is_issued_again(stand_in):
@@ -251,6 +253,7 @@ def test_a_turn_kept_across_a_sync_records_each_tokens_version(stand_in):
 
 def test_a_turn_aborted_again_and_again_is_an_endpoint_error(stand_in):
     StandIn.answers = [([7], [-1.0], "abort", [_span("step-000001", 0, 1)])] * 3
+    StandIn.served = ["step-000002"]
     with pytest.raises(EndpointError, match="aborted by weight syncs 3 times"):
         ServerGenerator(stand_in, retries=0, max_reissues=2).generate([1], Sampling(max_tokens=8), seed=0)
 

@@ -91,7 +91,9 @@ def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, ser
 
 def serve_config_for(cfg: TrainConfig):
     """The serving job's config: the train config's serve_config file + its `serve` overrides,
-    serving the run's initial model."""
+    serving the run's initial model. From max_staleness 2 on, a sync aborts in-flight turns
+    (`pause_mode: abort`, unless either sets it): they are issued again on the new weights, where
+    `wait` would hold every new version back until the longest turn ends."""
     from tbhpc.config import from_dict, merge_sections
     from tbhpc.serve.config import ServeConfig
     base = {}
@@ -101,6 +103,8 @@ def serve_config_for(cfg: TrainConfig):
             raise UserError(f"train config: field 'serve_config': {path} does not exist")
         base = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     values = {**merge_sections(ServeConfig, base, cfg.serve), "model": cfg.model}   # serve: {slurm: {time: ..}} keeps the file's mem
+    if cfg.max_staleness >= 2:
+        values.setdefault("pause_mode", "abort")
     if cfg.adapter_sync:        # the server serves the base with LoRA on and loads each step's adapter
         values.setdefault("lora_rank", cfg.lora_rank)
     scfg = from_dict(ServeConfig, values, {k: "train config field 'serve'" for k in cfg.serve})

@@ -79,6 +79,7 @@ class ServerGenerator:
     token: str = field(default="", repr=False)      # the run's server token (serve/auth.py); never printed
     max_reissues: int = 8           # a turn aborted or sampled by unverified weights this many times: EndpointError
     verified_wait_s: float = 1800.0  # how long a re-issue waits for the server to serve a verified version
+    syncing: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     def generate(self, prompt_ids: list[int], sampling: Sampling, seed: int) -> Generation:
         """One turn. Re-issued (same prompt and seed) when a sync aborted it or when weights still
@@ -87,7 +88,10 @@ class ServerGenerator:
         versions; the server prefilled prompt + the tokens before each switch again."""
         t0 = time.monotonic()
         reissued = discarded = reprefilled = 0
+        moved_from = ""
         while True:
+            if self.syncing.is_set():           # a turn saw a sync: wait for its verdict, not sample under it
+                self._await_trusted(t0 + self.verified_wait_s, moved_from)
             g = self._once(prompt_ids, sampling, seed)
             versions = g.versions()
             unverified = any(v.startswith(UNVERIFIED) for v in versions)
@@ -102,19 +106,24 @@ class ServerGenerator:
             if reissued > self.max_reissues:
                 why = "aborted by weight syncs" if g.finish_reason == "abort" else "sampled by unverified weights"
                 raise EndpointError(f"{self.base_url}: a turn was {why} {reissued} times in a row")
-            if unverified:
-                self._await_trusted(t0 + self.verified_wait_s)
+            if g.finish_reason == "abort" and versions and not unverified:
+                moved_from = versions[-1]       # aborted before the new weights were in: wait for them
+            self.syncing.set()
 
-    def _await_trusted(self, deadline: float) -> None:
+    def _await_trusted(self, deadline: float, moved_from: str = "", move_wait_s: float = 60.0) -> None:
         """Until the server serves a verified step or the base (a sync's check is running); a
-        refused version (`rejected:`) returns too: the next turn is then refused by the rollout."""
+        refused version (`rejected:`) returns too: the next turn is then refused by the rollout.
+        `moved_from`: a version an abort interrupted; up to `move_wait_s` more for the server to
+        leave it (the sync's load may not have begun yet)."""
+        move_until = time.monotonic() + move_wait_s
         while True:
             try:
                 served = str(http_json(self.base_url.rstrip("/") + "/weight_info", timeout=30, token=self.token)
                              ["weight_version"])
             except Exception:           # a server restarting for the sync: ask again
                 served = UNVERIFIED
-            if not served.startswith(UNVERIFIED):
+            if not served.startswith(UNVERIFIED) and (served != moved_from or time.monotonic() > move_until):
+                self.syncing.clear()
                 return
             if time.monotonic() > deadline:
                 raise EndpointError(f"{self.base_url}: the server's weights were still being verified after "
