@@ -299,3 +299,35 @@ def test_pending_groups_outlive_a_stop_unless_discarded_weights_sampled_them(tmp
     assert pending.load(3, 0).rollouts[0].samples[0].versions.tolist() == [1, 2] and pending.load(4, 0) is not None
     pending.done(3)
     assert pending.load(3, 0) is None
+
+
+# ---- the scaling model ----------------------------------------------------------------------------
+
+def test_the_model_puts_k_2_at_least_1_7x_ahead_of_k_1_at_the_reference_and_plan_recommends_a_k(monkeypatch):
+    """jobs/train-reference.yaml on jobs/plan/h100-27b.yaml (27B, 2 trainer nodes + a serving node
+    of 3 x 8 H100): a step is set by its 677 s episode at k = 1; k = 2 shares it between two steps.
+    Predictions, not measurements (tbhpc plan prints them as such). k = 1 is the one-step-off-policy
+    formula, max(rollout + sync, update + publish), unchanged."""
+    import os
+    from pathlib import Path
+
+    from tbhpc.config import load_config
+    from tbhpc.launch.train import serve_config_for
+    from tbhpc.plan.model import Cluster, Workload, phases, step_time
+    from tbhpc.plan.staleness import render, staleness_plan
+    from tbhpc.train.config import TrainConfig
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)
+    cfg = load_config(TrainConfig, repo / "jobs/train-reference.yaml", ["model=jobs/models/qwen3-27b-class"])
+    p = staleness_plan(cfg, Path("jobs/plan/h100-27b.yaml"), serve_config_for(cfg))
+    assert p.steps[1] / p.steps[2] >= 1.7 and p.recommended >= 2 and p.configured == 0
+    assert 670 < p.tail_s < 690 and p.steps[0] > p.steps[1] > p.steps[2] >= p.steps[3]
+    text = "\n".join(render(p)) + "\n"
+    golden = repo / "tests" / "golden" / "plan_staleness_reference.txt"
+    if os.environ.get("TBHPC_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text()
+    w, c = Workload(), Cluster(in_flight=16)
+    rollout, update, publish, sync = phases(w, c)
+    assert step_time(w, c, 1).step_s == max(rollout + sync, update + publish)
+    assert step_time(w, Cluster(shared_compute=True), 2).step_s == step_time(w, Cluster(shared_compute=True), 0).step_s

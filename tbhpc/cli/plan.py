@@ -13,6 +13,8 @@ def add_parser(sub) -> None:
     pl.add_argument("config", type=Path, help="YAML train config (see jobs/train-reference.yaml)")
     add_overrides(pl, help="e.g. model=DIR gpu_memory_gb=141 sp_size=8")
     pl.add_argument("--json", action="store_true", help="the plan as JSON")
+    pl.add_argument("--rates", type=Path, default=Path("jobs/plan/h100-27b.yaml"),
+                    help="scaling-model rates for the step time by max_staleness (a GPU config; skipped when absent)")
 
 
 def run(args) -> int:
@@ -25,7 +27,22 @@ def run(args) -> int:
     from tbhpc.train.config import TrainConfig
     cfg = load_config(TrainConfig, args.config, args.overrides)
     p = plan(cfg)
-    print(json.dumps(p.as_dict(), indent=1, default=str) if args.json else render(p), flush=True)
+    ahead = _staleness(cfg, args.rates)
+    if args.json:
+        print(json.dumps({**p.as_dict(), **({"staleness": vars(ahead)} if ahead else {})}, indent=1, default=str), flush=True)
+    else:
+        from tbhpc.plan.staleness import render as render_staleness
+        print(render(p) + ("\n" + "\n".join(render_staleness(ahead)) if ahead else ""), flush=True)
     if not p.fits:
         raise UserError(f"{args.config}: {p.problem}")
     return 0
+
+
+def _staleness(cfg, rates: Path):
+    """The step time by max_staleness on a GPU config whose server generates (None otherwise, or
+    without the rates file)."""
+    if not (cfg.gpus_per_node and cfg.generator == "server" and rates.exists()):
+        return None
+    from tbhpc.launch.train import serve_config_for
+    from tbhpc.plan.staleness import staleness_plan
+    return staleness_plan(cfg, rates, serve_config_for(cfg))

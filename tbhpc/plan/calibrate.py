@@ -135,3 +135,19 @@ def calibrate(runs: list[Measured], parallel_ranks: int = 0, shared_compute: boo
                    publish_fixed_s=max(0.0, small.publish_s - small.weights_gb / publish_gb_per_s),
                    sync_gb_per_s=sync_gb_per_s, sync_fixed_s=max(0.0, small.sync_s - small.weights_gb / sync_gb_per_s),
                    shared_compute=shared_compute)
+
+
+def overlap_efficiency(on: Measured, off: Measured, cluster: Cluster) -> float:
+    """How much of the ideal overlap a one-step-off-policy run got, from a measured on-policy and
+    one-step-off-policy pair on the same cluster: (on - off) / (on - ideal off), clipped to [0, 1].
+    On dedicated nodes it is near 1; where trainer and server share cores (this machine's local
+    cluster) near 0. The model then applies the same share to k >= 2 (Cluster.overlap)."""
+    from dataclasses import replace
+
+    from tbhpc.plan.model import step_time
+    c = replace(cluster, trainer_nodes=off.world, in_flight=off.in_flight, shared_compute=False, overlap=1.0)
+    predicted_on, ideal = step_time(off.workload, c, 0).step_s, step_time(off.workload, c, 1).step_s
+    if predicted_on <= ideal:
+        return 0.0
+    gained = (on.step_s * predicted_on / max(step_time(on.workload, c, 0).step_s, 1e-9)) - off.step_s
+    return max(0.0, min(1.0, gained / (predicted_on - ideal)))

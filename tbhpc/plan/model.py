@@ -11,9 +11,16 @@ depends on can be measured small and scaled by a rule anyone can read:
     update    = trained tokens / (parallel ranks x tokens/s per rank) + per-step fixed cost
     publish   = weights GB / write GB/s + fixed;   sync = weights GB / load GB/s + fixed
     on-policy   step = sync + rollout + update + publish            (each side idles while the other runs)
-    off-policy  step = max(rollout + sync, update + publish)         (the server pauses for its syncs)
+    off-policy  step = max(rollout_k + sync, update + publish, (tail + sync + update + publish) / (k + 1))
+                  rollout_k = max(throughput-bound part, tail / k) + prefill + interrupts   (k = max_staleness)
+                  k steps' rollouts are open at once, so the longest episode is shared by k steps; a
+                  step is admitted once weights k versions behind it are served (the last term);
+                  k = 1 is the one-step-off-policy step, max(rollout + sync, update + publish)
+                  interrupts (k >= 2, pause_mode abort): at each sync the turns in flight are
+                  issued again: their context prefilled again and half a turn decoded again
                   on shared compute (trainer and server on the same cores: this machine's local
-                  cluster) the model assumes the overlap buys nothing: step = the on-policy step
+                  cluster) the overlap buys what `overlap` says: 0 (none) unless fitted on a
+                  measured on-policy and one-step-off-policy pair (calibrate.overlap_efficiency)
     decode throughput at c episodes in flight = peak x c / (c + c_half)   (batching saturates)
     update fixed cost = fixed + comm x (ranks - 1)                         (ZeRO-3's collectives)
 
@@ -74,6 +81,8 @@ class Cluster:
     sync_gb_per_s: float = 1.0          # the server's reload
     sync_fixed_s: float = 0.0           # its verification request, announcing the version
     shared_compute: bool = False        # trainer and server share the same cores (this machine's local cluster)
+    overlap: float = 1.0                # share of the ideal overlap a run gets (1: dedicated nodes; shared compute: 0
+                                        # unless fitted on measured k = 0 and k = 1 runs)
 
     @property
     def ranks(self) -> int:
@@ -94,13 +103,19 @@ class StepTime:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def phases(w: Workload, c: Cluster) -> tuple[float, float, float, float]:
-    """(rollout, update, publish, sync) seconds of one step."""
+def rollout_parts(w: Workload, c: Cluster) -> tuple[float, float, float]:
+    """(throughput-bound, tail, prefill) seconds of one step's rollouts."""
     per_replica = c.in_flight / c.replicas if c.in_flight else float("inf")
     saturation = per_replica / (per_replica + c.half_saturation) if c.half_saturation and c.in_flight else 1.0
     bound = w.episodes * w.gen_tokens / (c.replicas * c.decode_tokens_per_s * saturation)
     tail = w.tail_tokens / c.stream_tokens_per_s + w.turns * w.env_s_per_turn
     prefill = w.episodes * w.context_tokens / (c.replicas * c.prefill_tokens_per_s) if c.prefill_tokens_per_s else 0.0
+    return bound, tail, prefill
+
+
+def phases(w: Workload, c: Cluster) -> tuple[float, float, float, float]:
+    """(rollout, update, publish, sync) seconds of one step."""
+    bound, tail, prefill = rollout_parts(w, c)
     rollout = max(bound, tail) + prefill
     parallel = min(c.ranks, c.parallel_ranks) if c.parallel_ranks else c.ranks
     update = w.trained_tokens / (parallel * c.train_tokens_per_s) + c.update_fixed_s + c.update_comm_s * (c.ranks - 1)
@@ -109,12 +124,41 @@ def phases(w: Workload, c: Cluster) -> tuple[float, float, float, float]:
     return rollout, update, publish, sync
 
 
+def interrupt_s(w: Workload, c: Cluster) -> float:
+    """Server seconds one sync costs when it aborts the turns in flight (k >= 2): each is issued
+    again, its context prefilled again (half an episode's, on average) and half a turn decoded again."""
+    in_flight = c.in_flight or w.episodes
+    prefill = in_flight * w.context_tokens / 2 / (c.replicas * c.prefill_tokens_per_s) if c.prefill_tokens_per_s else 0.0
+    redo = in_flight * w.gen_tokens / max(w.turns, 1.0) / 2 / (c.replicas * c.decode_tokens_per_s)
+    return prefill + redo
+
+
 def step_time(w: Workload, c: Cluster, max_staleness: int = 0) -> StepTime:
-    """One steady-state step, on-policy (0) or one step off-policy (1)."""
+    """One steady-state step with `max_staleness` k (0: on-policy)."""
     rollout, update, publish, sync = phases(w, c)
     on = sync + rollout + update + publish
-    step = on if (max_staleness == 0 or c.shared_compute) else max(rollout + sync, update + publish)
-    return StepTime(rollout, update, publish, sync, step, step - (update + publish), step - (rollout + sync))
+    k = max_staleness
+    if k == 0:
+        step = on
+    else:
+        bound, tail, prefill = rollout_parts(w, c)
+        rollout_k = max(bound, tail / k) + prefill + (interrupt_s(w, c) if k >= 2 else 0.0)
+        ideal = max(rollout_k + sync, update + publish, (tail + prefill + sync + update + publish) / (k + 1))
+        overlap = 0.0 if c.shared_compute and c.overlap == 1.0 else c.overlap
+        step = on - overlap * (on - ideal)
+        rollout = rollout_k
+    return StepTime(rollout, update, publish, sync, step, max(0.0, step - (update + publish)),
+                    max(0.0, step - (rollout + sync)))
+
+
+def recommended_staleness(w: Workload, c: Cluster, most: int = 8, gain: float = 0.05) -> int:
+    """The smallest k past which one more step of staleness saves less than `gain` of the step time:
+    staleness costs learning (older tokens, more truncation), so it is bought only while it pays."""
+    times = [step_time(w, c, k).step_s for k in range(most + 1)]
+    for k in range(most):
+        if times[k + 1] > times[k] * (1 - gain):
+            return k
+    return most
 
 
 @dataclass
