@@ -331,3 +331,15 @@ def test_the_model_puts_k_2_at_least_1_7x_ahead_of_k_1_at_the_reference_and_plan
     rollout, update, publish, sync = phases(w, c)
     assert step_time(w, c, 1).step_s == max(rollout + sync, update + publish)
     assert step_time(w, Cluster(shared_compute=True), 2).step_s == step_time(w, Cluster(shared_compute=True), 0).step_s
+
+
+def test_the_training_report_splits_each_step_by_staleness():
+    from tbhpc.report.train import staleness_markdown
+    rows = [{"step": 1, "max_staleness": 0}, {"step": 3, "max_staleness": 2, "staleness_tokens": [10, 30, 60],
+            "clip_by_staleness": [0, 0.1, 0.2], "truncated_by_staleness": [0, 0, 0.05],
+            "mismatch_by_staleness": [1e-3, 2e-3, 3e-3], "spanning": 2, "reissued": 1, "reprefilled": 900}]
+    lines = staleness_markdown(rows).splitlines()
+    assert lines[0].startswith("| step | age 0 tokens | age 1 tokens | age 2 tokens | clip 0 |") and len(lines) == 3
+    assert lines[2] == ("| 3 | 10 (10%) | 30 (30%) | 60 (60%) | 0.000 | 0.100 | 0.200 | 0.000 | 0.000 | 0.050 | "
+                        "1.00e-03 | 2.00e-03 | 3.00e-03 | 2 | 1 | 900 |")
+    assert staleness_markdown(rows[:1]) == ""          # on-policy: no section

@@ -2,10 +2,13 @@
 warm start: step s+1's rollouts run while step s updates (the timeline in `train_steps` says so),
 each step samples from the weights two versions back, and a run stopped by a signal and resumed
 writes the same rollout rows as one that was not (what "determinism" means once generation and
-update overlap: the generator samples step s from exactly step s-2's published weights).
+update overlap: the generator samples step s from exactly step s-2's published weights). The same
+with `max_staleness: 2` (the rollouts of two steps beside the update, taking turns in process): step
+s samples from step s-3's weights, and a stopped and resumed run takes its decided groups back and
+reaches the uninterrupted run's weights.
 
-The server path (a vLLM job alongside, newest verified version) is measured by `make train
-CONFIG=jobs/train-offpolicy.yaml` on the local cluster (docs/guides/training.md, "One step off-policy").
+The server path (a vLLM job alongside, newest verified version, episodes across syncs) is `make
+train CONFIG=jobs/train-async.yaml` on the local cluster (tests/test_make_train.py).
 """
 import os
 import signal

