@@ -5,11 +5,11 @@ written before any arm runs.
 
     slurm/local/with-cluster.sh .venv/bin/python bench/async_k.py [--steps 4] [--blocks 2] [--out runs/async_k]
 
-The workloads: jobs/train-async.yaml (3 trainer nodes, the serving job, 3 groups of 8 per step),
-whose sampling (top_k 0, top_p 1) lets the tiny warm start ramble: most episodes end after ~100
-generated tokens, some run to the response budget. heavy: response_budget 1024 (the tail ~10x the
-median); control: 128 (the tail cut to about the median). Same pool, model, seed and groups: only
-the tail differs. Why not "a few tasks with many more turns": the tiny model's episode length does
+The workloads: jobs/train-async.yaml (3 trainer nodes, the serving job) with 2 groups of 8 per step,
+12 episodes in flight and sampling from the full distribution (top_k 0, top_p 1), where the tiny
+warm start rambles: some episodes end after ~100 generated tokens, others run to the response
+budget. heavy: response_budget 1024 (the tail ~10x the shortest episodes); control: 128 (the tail
+cut to about the median). Same pool, model, seed and groups: only the tail differs. Why not "a few tasks with many more turns": the tiny model's episode length does
 not depend on the task (probed: 60-270 generated tokens on every template with its default
 sampling), so a task-built tail is not available here; a budget-built one is.
 
@@ -49,7 +49,8 @@ def config_for(out: Path, workload: str, k: int, steps: int, tag: str) -> Path:
     """A train config of the arm: jobs/train-async.yaml with its k, budget and steps."""
     doc = yaml.safe_load(BASE.read_text())
     doc.update(name=f"async-{workload}-k{k}-{tag}", max_staleness=k, steps=steps, response_budget=BUDGETS[workload],
-               keep_published=max(2, k + 1), checkpoint_every=steps)
+               keep_published=max(2, k + 1), checkpoint_every=steps, groups_per_step=2, max_draws=8,
+               episodes_in_flight=12, max_tokens=128, top_k=0, top_p=1.0)
     doc["serve"] = {**doc.get("serve", {}), "pause_mode": "abort" if k >= 2 else "wait"}
     path = out / "configs" / f"{doc['name']}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -163,7 +164,7 @@ def report(rows: list[dict], predicted: dict, arms: list[int], out: Path) -> str
             idle = [r["server_idle"] for r in mine if r["server_idle"] is not None]
             lines.append(
                 f"| {w} | {k} | {statistics.median(r['step_s'] for r in mine):.1f}; "
-                f"{', '.join(f'{r['step_s']:.1f}' for r in mine)} | {statistics.median(ratios):.2f} "
+                f"{', '.join(format(r['step_s'], '.1f') for r in mine)} | {statistics.median(ratios):.2f} "
                 f"({min(ratios):.2f}-{max(ratios):.2f}) | {predicted['workloads'][w]['ratio_vs_k1'][k]:.2f} | "
                 f"{statistics.median(r['kept_per_s'] for r in mine):.3f} | "
                 f"{1000 * statistics.median(r['cpu_s_per_token'] for r in mine):.2f} | "

@@ -473,6 +473,11 @@ def test_a_turn_a_sync_aborts_is_issued_again_on_the_verified_new_weights(served
     prompt = tok.encode("Please check the status of order 1042.")
     step = max((int(s["version"][5:]) for s in read_syncs(run) if str(s.get("version", "")).startswith("step-")),
                default=0) + 1
+    from tbhpc.serve.checkpoints import served_dtypes, write_checkpoint
+    from tbhpc.serve.digest import model_digests
+    fp = compute_fingerprint(model, tok)          # everything but the marker first: the sync starts at once
+    digests = model_digests(model, served_dtypes(run, "float32"))
+    path = write_checkpoint(run, step, model, tok)
     out: dict = {}
 
     def turn(i: int) -> None:
@@ -483,7 +488,7 @@ def test_a_turn_a_sync_aborts_is_issued_again_on_the_verified_new_weights(served
         t.start()
     time.sleep(0.5)                                   # the turns are decoding
     assert all(t.is_alive() for t in turns), "a turn ended before the sync: make them longer"
-    publish_checkpoint(run, step, model, tok)
+    mark_ready(run, step, path, fp, digests)
     wait_for_version(run, f"step-{step:06d}", timeout_s=120)
     for t in turns:
         t.join(timeout=300)
