@@ -23,7 +23,7 @@ from tbhpc.errors import EndpointError
 from tbhpc.llm_client import post_json
 from tbhpc.policy.sampling import Sampling
 from tbhpc.serve.auth import bearer
-from tbhpc.serve.checkpoints import UNVERIFIED
+from tbhpc.serve.versions import UNVERIFIED
 from tbhpc.serve.client import http_json
 
 

@@ -31,28 +31,11 @@ from typing import Any
 
 from tbhpc.serve.digest import model_digests, served_dtypes
 from tbhpc.serve.fingerprint import Fingerprint, compute_fingerprint, load_checkpoint
+# the version names, also here: a reader of checkpoints needs them with what they name
+from tbhpc.serve.versions import (BASE_VERSION, REJECTED, UNVERIFIED, trusted_version,  # noqa: F401
+                                  version_name, version_step)
 
 CKPT_DIR = "checkpoints"
-BASE_VERSION = "base"
-UNVERIFIED = "unverified:"      # loaded, not yet checked against its fingerprint
-REJECTED = "rejected:"          # loaded, and its fingerprint did not match: never announced
-
-
-def version_name(step: int) -> str:
-    return f"step-{step:06d}"
-
-
-def trusted_version(version: str) -> bool:
-    """True for versions a trainer may learn from: the base weights or a verified step."""
-    return version == BASE_VERSION or (version.startswith("step-") and version[5:].isdigit())
-
-
-def version_step(version: str) -> int:
-    """'step-000012' -> 12; the base model -> 0 (the integer rollout buffers store). Anything
-    else (unverified, rejected, unknown) is not a step and raises ValueError."""
-    if not trusted_version(version):
-        raise ValueError(f"weight version {version!r} is not a verified step")
-    return 0 if version == BASE_VERSION else int(version[5:])
 
 
 @dataclass(frozen=True)
