@@ -45,6 +45,26 @@ def _rows(run: Path) -> list[tuple]:
         con.close()
 
 
+def _train(cmd: list[str]) -> str:
+    res = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return res.stdout + res.stderr
+
+
+def _stopped_after_step_1(cmd: list[str], run: Path) -> str:
+    """Run `cmd`, send SIGTERM once step 1 is recorded; the run stops at its next safe point (exit 3)."""
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    steps_log = run / "logs" / "train_steps.jsonl"
+    deadline = time.monotonic() + 600
+    while not (steps_log.exists() and steps_log.read_text().strip()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:] if proc.poll() else "slow"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 3, out[-4000:]
+    return out
+
+
 @pytest.fixture(scope="module")
 def pool(tmp_path_factory):
     path = tmp_path_factory.mktemp("pool") / "pool.yaml"
@@ -55,8 +75,7 @@ def pool(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(warm_dir, pool, tmp_path_factory):
     run = tmp_path_factory.mktemp("off") / "run"
-    res = subprocess.run(_cmd(run, warm_dir, pool), cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-4000:]
+    _train(_cmd(run, warm_dir, pool))
     return run
 
 
@@ -82,24 +101,13 @@ def test_a_stopped_and_resumed_off_policy_run_writes_the_rows_of_an_uninterrupte
     run stops at the next safe point (exit 3), the same command resumes from the DeepSpeed
     checkpoint and redraws what was not finished. Same rows as the reference."""
     run = tmp_path / "run"
-    proc = subprocess.Popen(_cmd(run, warm_dir, pool), cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    steps_log = run / "logs" / "train_steps.jsonl"
-    deadline = time.monotonic() + 600
-    while not (steps_log.exists() and steps_log.read_text().strip()):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:] if proc.poll() else "slow"
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    out = proc.communicate(timeout=600)[0]
-    assert proc.returncode == 3, out[-4000:]
+    out = _stopped_after_step_1(_cmd(run, warm_dir, pool), run)
     # where it stops depends on when the signal lands: still in step 1's publish, in step 2's update
     # (step 3's rollouts beside it), or while waiting for step 2's rollouts
     assert any(f"stopped {where}" in out for where in ("after step 1", "during the rollouts of step 2",
                                                       "after step 2")), out[-3000:]
     assert len(_rows(run)) < len(_rows(reference))
-    res = subprocess.run(_cmd(run, warm_dir, pool), cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-4000:]
-    assert "resumed from the DeepSpeed checkpoint of step" in res.stdout + res.stderr
+    assert "resumed from the DeepSpeed checkpoint of step" in _train(_cmd(run, warm_dir, pool))
     assert _rows(run) == _rows(reference)
 
 
@@ -142,8 +150,7 @@ def _weights(run: Path) -> str:
 @pytest.fixture(scope="module")
 def reference2(warm_dir, pool, tmp_path_factory):
     run = tmp_path_factory.mktemp("off2") / "run"
-    res = subprocess.run(_cmd2(run, warm_dir, pool), cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-4000:]
+    _train(_cmd2(run, warm_dir, pool))
     return run
 
 
@@ -170,23 +177,13 @@ def test_a_stopped_and_resumed_k_2_run_reaches_the_weights_of_an_uninterrupted_o
     the background): the run stops at the next safe point; the decided groups of the open steps stay
     on disk and the resumed run takes them back; rows and final weights equal the reference's."""
     run = tmp_path / "run"
-    proc = subprocess.Popen(_cmd2(run, warm_dir, pool), cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    steps_log = run / "logs" / "train_steps.jsonl"
-    deadline = time.monotonic() + 600
-    while not (steps_log.exists() and steps_log.read_text().strip()):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()[-4000:] if proc.poll() else "slow"
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    out = proc.communicate(timeout=600)[0]
-    assert proc.returncode == 3, out[-4000:]
+    _stopped_after_step_1(_cmd2(run, warm_dir, pool), run)
     assert len(_rows(run)) < len(_rows(reference2))
     kept = len(list((run / "rollouts" / "pending").glob("step-*/draw-*.pkl")))
-    res = subprocess.run(_cmd2(run, warm_dir, pool), cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-4000:]
+    out = _train(_cmd2(run, warm_dir, pool))
     print(f"decided groups kept across the stop: {kept}")
     if kept:        # how many depends on where the signal landed (in the reference: usually step 2's)
-        assert f"train: {kept} decided group(s) of the steps after" in res.stdout + res.stderr
+        assert f"train: {kept} decided group(s) of the steps after" in out
     assert _rows(run) == _rows(reference2)
     assert _weights(run) == _weights(reference2)
     assert not any((run / "rollouts" / "pending").glob("step-*/draw-*.pkl"))      # nothing left pending
