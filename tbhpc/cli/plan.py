@@ -43,6 +43,11 @@ def _staleness(cfg, rates: Path):
     without the rates file)."""
     if not (cfg.gpus_per_node and cfg.generator == "server" and rates.exists()):
         return None
+    from tbhpc.errors import UserError
     from tbhpc.launch.train import serve_config_for
     from tbhpc.plan.staleness import staleness_plan
-    return staleness_plan(cfg, rates, serve_config_for(cfg))
+    try:
+        serve = serve_config_for(cfg)
+    except UserError:           # its serve_config is elsewhere: one replica assumed (the plan says how many)
+        serve = None
+    return staleness_plan(cfg, rates, serve)

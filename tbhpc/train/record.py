@@ -74,6 +74,7 @@ STEP_COLUMNS: dict[str, str] = {
 
 def identity(cfg: TrainConfig) -> dict:
     d = resolved(cfg)
+    d["tis_cap"] = cfg.truncation_cap       # what the loss uses: unset and its default are the same run
     for k in EXECUTION_FIELDS:
         d.pop(k, None)
     if d.get("environment") == "local":     # the default: runs made before the field existed keep their hash
