@@ -16,8 +16,9 @@ sampling), so a task-built tail is not available here; a budget-built one is.
 Before the arms: two pilot runs of the heavy workload (k = 0 and k = 1) give the model its rates
 and its overlap efficiency (tbhpc/plan/calibrate.py); its ratios for every arm and both workloads
 go to OUT/predicted.json. Per arm: step time (median of steps 2..N), kept groups per second,
-CPU-seconds per trained token (sacct TotalCPU of both jobs), the server's idle fraction (vLLM's
-running requests, sampled every 0.5 s while the trainer ran), reward per sample. Ratios are against
+CPU-seconds per trained token (the machine's busy CPU time over the arm, from /proc/stat: the local
+cluster records no per-job CPU, and nothing else runs here during the bench), the server's idle
+fraction (vLLM's running requests, sampled every 0.5 s while the trainer ran), reward per sample. Ratios are against
 k = 1 of the same block; spread over blocks. Writes OUT/predicted.json, OUT/arms.jsonl,
 OUT/async_k.md and OUT/async_k.png.
 """
@@ -86,17 +87,18 @@ def run_arm(out: Path, workload: str, k: int, steps: int, tag: str) -> dict:
     run = out / "runs" / cfg.stem
     sampler = RunningSampler(run)
     sampler.thread.start()
-    t0 = time.time()
+    t0, cpu0 = time.time(), busy_cpu_seconds()
     res = subprocess.run([str(REPO / ".venv" / "bin" / "tbhpc"), "submit", "train", "--config", str(cfg), "--out", str(run),
                           "--wait", "nodes=3"], cwd=REPO, capture_output=True, text=True)
+    cpu_s = busy_cpu_seconds() - cpu0
     sampler.stop.set()
     if res.returncode != 0:
         raise SystemExit(f"{cfg.stem}: exit {res.returncode}\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
-    return {"workload": workload, "k": k, "tag": tag, "run": str(run), "wall_s": time.time() - t0,
-            **summarise(run, sampler.samples)}
+    return {"workload": workload, "k": k, "tag": tag, "run": str(run), "wall_s": time.time() - t0, "cpu_s": cpu_s,
+            **summarise(run, sampler.samples, cpu_s)}
 
 
-def summarise(run: Path, samples: list[tuple[float, float]]) -> dict:
+def summarise(run: Path, samples: list[tuple[float, float]], cpu_s: float) -> dict:
     con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
     steps = con.execute("SELECT step, step_s, kept, tokens, epoch(rollout_start), epoch(published), spanning, reissued "
                         "FROM train_steps ORDER BY step").fetchall()
@@ -107,29 +109,17 @@ def summarise(run: Path, samples: list[tuple[float, float]]) -> dict:
     window = [n for t, n in samples if t_from <= t <= t_to]
     return {"step_s": statistics.median(s[1] for s in steady), "steps_s": [s[1] for s in steady],
             "kept_per_s": sum(s[2] for s in steady) / sum(s[1] for s in steady),
-            "cpu_s_per_token": cpu_seconds(run) / sum(s[3] for s in steps),
+            "cpu_s_per_token": cpu_s / max(sum(s[3] for s in steps), 1),
             "server_idle": sum(n == 0 for n in window) / len(window) if window else None,
             "reward": reward, "spanning": sum(s[6] for s in steps), "reissued": sum(s[7] for s in steps)}
 
 
-def cpu_seconds(run: Path) -> float:
-    """TotalCPU of the run's trainer and serving jobs (sacct), in seconds."""
-    jobs = yaml.safe_load((run / "slurm" / "train-jobs.yaml").read_text())
-    total = 0.0
-    for job in (jobs.get("train"), jobs.get("serve")):
-        if job:
-            out = subprocess.run(["sacct", "-n", "-X", "-j", str(job), "-o", "TotalCPU"], capture_output=True, text=True).stdout
-            total += sum(_clock(x) for x in out.split())
-    return total
-
-
-def _clock(text: str) -> float:
-    """sacct's [D-][HH:]MM:SS[.mmm] -> seconds."""
-    days, _, rest = text.rpartition("-")
-    parts = [float(p) for p in rest.split(":")]
-    while len(parts) < 3:
-        parts.insert(0, 0.0)
-    return (float(days) if days else 0.0) * 86400 + parts[0] * 3600 + parts[1] * 60 + parts[2]
+def busy_cpu_seconds() -> float:
+    """The machine's busy CPU time so far (user + nice + system + irq + softirq + steal), /proc/stat."""
+    import os
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def predict(pilot0: dict, pilot1: dict, arms: list[int]) -> dict:
