@@ -15,7 +15,10 @@ sampling), so a task-built tail is not available here; a budget-built one is.
 
 Before the arms: two pilot runs of the heavy workload (k = 0 and k = 1) give the model its rates
 and its overlap efficiency (tbhpc/plan/calibrate.py); its ratios for every arm and both workloads
-go to OUT/predicted.json. Per arm: step time (median of steps 2..N), kept groups per second,
+go to OUT/predicted.json. Per arm, in steady state only: step time = the time between the
+publications of steps k+1 and N over N-k-1 steps (with k steps' rollouts open, the first k+1 steps
+fill the pipeline: their rollouts all start at once, and a short run's later steps then find theirs
+done, which says nothing about a long run), kept groups per second over the same steps,
 CPU-seconds per trained token (the machine's busy CPU time over the arm, from /proc/stat: the local
 cluster records no per-job CPU, and nothing else runs here during the bench), the server's idle
 fraction (vLLM's running requests, sampled every 0.5 s while the trainer ran), reward per sample. Ratios are against
@@ -95,23 +98,33 @@ def run_arm(out: Path, workload: str, k: int, steps: int, tag: str) -> dict:
     if res.returncode != 0:
         raise SystemExit(f"{cfg.stem}: exit {res.returncode}\n{res.stdout[-3000:]}{res.stderr[-3000:]}")
     return {"workload": workload, "k": k, "tag": tag, "run": str(run), "wall_s": time.time() - t0, "cpu_s": cpu_s,
-            **summarise(run, sampler.samples, cpu_s)}
+            **summarise(run, sampler.samples, cpu_s, k)}
 
 
-def summarise(run: Path, samples: list[tuple[float, float]], cpu_s: float) -> dict:
+def summarise(run: Path, samples: list[tuple[float, float]], cpu_s: float, k: int) -> dict:
+    """One arm's figures over its steady steps (k+2 .. N)."""
     con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
-    steps = con.execute("SELECT step, step_s, kept, tokens, epoch(rollout_start), epoch(published), spanning, reissued "
-                        "FROM train_steps ORDER BY step").fetchall()
+    steps = con.execute("SELECT step, step_s, kept, tokens, epoch(published), spanning, reissued FROM train_steps "
+                        "ORDER BY step").fetchall()
     reward = con.execute("SELECT avg(reward) FROM attempts").fetchone()[0]
     con.close()
-    steady = steps[1:]
-    t_from, t_to = steady[0][4], steady[-1][5]
+    first = steady_from(k)
+    if len(steps) < first:
+        raise SystemExit(f"{run}: {len(steps)} steps, fewer than the {first} a steady step time at k = {k} needs")
+    t_from, t_to = steps[first - 2][4], steps[-1][4]        # publication of step first-1 .. of the last
+    steady = steps[first - 1:]
     window = [n for t, n in samples if t_from <= t <= t_to]
-    return {"step_s": statistics.median(s[1] for s in steady), "steps_s": [s[1] for s in steady],
-            "kept_per_s": sum(s[2] for s in steady) / sum(s[1] for s in steady),
+    return {"step_s": (t_to - t_from) / len(steady), "steps_s": [s[1] for s in steady],
+            "kept_per_s": sum(s[2] for s in steady) / (t_to - t_from),
             "cpu_s_per_token": cpu_s / max(sum(s[3] for s in steps), 1),
             "server_idle": sum(n == 0 for n in window) / len(window) if window else None,
-            "reward": reward, "spanning": sum(s[6] for s in steps), "reissued": sum(s[7] for s in steps)}
+            "reward": reward, "spanning": sum(s[5] for s in steps), "reissued": sum(s[6] for s in steps)}
+
+
+def steady_from(k: int) -> int:
+    """The first step whose time says something about a long run: k steps' rollouts open at once
+    fill the pipeline over steps 1 .. k+1."""
+    return k + 2
 
 
 def busy_cpu_seconds() -> float:
@@ -142,7 +155,7 @@ def predict(pilot0: dict, pilot1: dict, arms: list[int]) -> dict:
 
 def report(rows: list[dict], predicted: dict, arms: list[int], out: Path) -> str:
     """The table (pure given the rows): per workload and k, medians over blocks and ratios vs k = 1."""
-    lines = ["| workload | k | step s (median; per block) | vs k = 1 measured (spread) | vs k = 1 predicted | kept groups/s | "
+    lines = ["| workload | k | step s (median over blocks; each: steps k+2..N) | vs k = 1 measured (spread) | vs k = 1 predicted | kept groups/s | "
              "CPU-s per 1k trained tokens | server idle | reward/sample (paired vs k = 1) | spanning episodes | re-issued turns |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in BUDGETS:
@@ -164,17 +177,32 @@ def report(rows: list[dict], predicted: dict, arms: list[int], out: Path) -> str
     return "\n".join(lines)
 
 
+def rows_from(out: Path, arms: list[int]) -> list[dict]:
+    """The arms of an earlier run of this bench (OUT/arms.jsonl), summarised again from their runs
+    (the machine's CPU seconds and the server samples as recorded then)."""
+    rows = [json.loads(line) for line in (out / "arms.jsonl").read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["k"] in arms]
+    return [{**r, **{k: v for k, v in summarise(Path(r["run"]), [], r.get("cpu_s", 0.0), r["k"]).items()
+                     if k != "server_idle"}} for r in rows]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=8, help="per arm; at least max(arms) + 3 (steady steps k+2 .. N)")
     ap.add_argument("--blocks", type=int, default=2)
     ap.add_argument("--arms", type=int, nargs="+", default=[0, 1, 2, 3])
     ap.add_argument("--seed", type=int, default=0, help="the order of the arms within each block")
     ap.add_argument("--out", type=Path, default=Path("runs/async_k"))
+    ap.add_argument("--report-only", action="store_true", help="the table and plot again from OUT's arms, no runs")
     args = ap.parse_args()
     if 1 not in args.arms:
         raise SystemExit("--arms must include 1 (the ratios are against it)")
+    if args.steps < steady_from(max(args.arms)) + 1:
+        raise SystemExit(f"--steps {args.steps}: k = {max(args.arms)} needs {steady_from(max(args.arms)) + 1} or more "
+                         "(two steady steps after the pipeline fills)")
     con, out = Console(), args.out.resolve()
+    if args.report_only:
+        return _write(con, rows_from(out, args.arms), json.loads((out / "predicted.json").read_text()), args.arms, out)
     out.mkdir(parents=True, exist_ok=True)
     con.print("pilots: heavy k = 0 and k = 1 (the model's rates)")
     pilots = [run_arm(out, "heavy", k, args.steps, "pilot") for k in (0, 1)]
@@ -195,9 +223,15 @@ def main() -> int:
                 rows.append(row)
                 log.write(json.dumps(row) + "\n")
                 log.flush()
-    table = report(rows, predicted, args.arms, out)
+    return _write(con, rows, predicted, args.arms, out)
+
+
+def _write(con: Console, rows: list[dict], predicted: dict, arms: list[int], out: Path) -> int:
+    predicted["workloads"] = {w: {**v, "ratio_vs_k1": {int(k): r for k, r in v["ratio_vs_k1"].items()}}
+                              for w, v in predicted["workloads"].items()}        # JSON keys are strings
+    table = report(rows, predicted, arms, out)
     (out / "async_k.md").write_text(table + "\n")
-    _plot(rows, args.arms, out)
+    _plot(rows, arms, out)
     con.print(table)
     return 0
 
@@ -212,7 +246,7 @@ def _plot(rows: list[dict], arms: list[int], out: Path) -> None:
             ax.plot(r["k"] + (i - 0.5) * 0.1, r["step_s"], "o", color=f"C{i}", alpha=0.6)
         ax.plot(arms, [statistics.median(r["step_s"] for r in rows if r["workload"] == w and r["k"] == k) for k in arms],
                 "-", color=f"C{i}", label=f"{w} (budget {BUDGETS[w]})")
-    ax.set(xlabel="max_staleness k", ylabel="step s (median of steps 2..N)", xticks=arms,
+    ax.set(xlabel="max_staleness k", ylabel="step s (steady: steps k+2 .. N)", xticks=arms,
            title="local cluster, 3 nodes on 2 cores, vLLM-CPU")
     ax.legend()
     fig.tight_layout()

@@ -15,9 +15,9 @@ safe point: a step whose rollouts were cut short is abandoned (it is redrawn ide
 resume), a step past its rollouts is finished and checkpointed; then rank 0 requeues the job.
 Off-policy (`max_staleness: k` >= 1), the rollouts of steps s+1 .. s+k run in threads during step
 s's update and publish, each admitted once the weights it may sample from are served
-(train/window.py); `fit` says what that does to determinism and preemption. The parts the loop drives (engine, rollout context, weight source,
-step log, ...) are made in build.py; what each phase writes lives beside it (record.py,
-steplog.py, publish.py).
+(train/window.py); `fit` says what that does to determinism and preemption. The parts the loop
+drives (engine, rollout context, weight source, step log, ...) are made in build.py; what each
+phase writes lives beside it (record.py, steplog.py, publish.py).
 """
 from __future__ import annotations
 
