@@ -32,6 +32,7 @@ from tbhpc.train.queue import DROPPED, FLAT, MIXED, DrawQueue
 from tbhpc.train.stability import shaped_rewards
 
 SURPLUS = "surplus"
+_SLOTS_LOCK = threading.Lock()
 
 
 @dataclass
@@ -72,9 +73,10 @@ class RolloutContext:
         return self.pool if self.pool_at is None else self.pool_at(step)
 
     def episode_slots(self) -> "EpisodeSlots":
-        if self.slots is None:
-            self.slots = EpisodeSlots(self.episodes_in_flight)
-        return self.slots
+        with _SLOTS_LOCK:           # the first open steps ask at once
+            if self.slots is None:
+                self.slots = EpisodeSlots(self.episodes_in_flight)
+            return self.slots
 
 
 class EpisodeSlots:
