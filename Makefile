@@ -121,6 +121,8 @@ bench: env env-vllm env-openenv model-smollm2 $(WARM)/config.json
 	$(VPY) bench/buffer_size.py
 	NODES=$(NODES) STATE=$(SLURM_STATE) bash slurm/local/with-cluster.sh $(VPY) bench/fanout.py
 	NODES=3 STATE=$(SLURM_STATE) bash slurm/local/with-cluster.sh $(VPY) bench/async_k.py --out runs/async_k
+	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/reprefill.py --out runs/reprefill
+	TBHPC_OPENENV_PYTHON=$(abspath $(OPENENV_VENV))/bin/python $(VPY) bench/vs_trl.py --out runs/vs_trl
 	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/serve_throughput.py
 	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/weight_sync.py
 	TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VPY) bench/weight_digest.py

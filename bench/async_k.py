@@ -3,10 +3,10 @@ vLLM-CPU job: arms k = 0, 1, 2, 3 from one model and seed, on a heavy-tailed wor
 light-tailed control, interleaved in randomised blocks; the scaling model's predicted ratios are
 written before any arm runs.
 
-    slurm/local/with-cluster.sh .venv/bin/python bench/async_k.py [--steps 4] [--blocks 2] [--out runs/async_k]
+    slurm/local/with-cluster.sh .venv/bin/python bench/async_k.py [--steps 8] [--blocks 2] [--out runs/async_k]
 
-The workloads: jobs/train-async.yaml (3 trainer nodes, the serving job) with 2 groups of 8 per step,
-12 episodes in flight and sampling from the full distribution (top_k 0, top_p 1), where the tiny
+The workloads: jobs/train-async-heavy.yaml (3 trainer nodes, the serving job; 2 groups of 8 per step,
+12 episodes in flight and sampling from the full distribution, top_k 0, top_p 1), where the tiny
 warm start rambles: some episodes end after ~100 generated tokens, others run to the response
 budget. heavy: response_budget 1024 (the tail ~10x the shortest episodes); control: 128 (the tail
 cut to about the median). Same pool, model, seed and groups: only the tail differs. Why not "a few tasks with many more turns": the tiny model's episode length does
@@ -15,14 +15,14 @@ sampling), so a task-built tail is not available here; a budget-built one is.
 
 Before the arms: two pilot runs of the heavy workload (k = 0 and k = 1) give the model its rates
 and its overlap efficiency (tbhpc/plan/calibrate.py); its ratios for every arm and both workloads
-go to OUT/predicted.json. Per arm, in steady state only: step time = the time between the
-publications of steps k+1 and N over N-k-1 steps (with k steps' rollouts open, the first k+1 steps
-fill the pipeline: their rollouts all start at once, and a short run's later steps then find theirs
-done, which says nothing about a long run), kept groups per second over the same steps,
-CPU-seconds per trained token (the machine's busy CPU time over the arm, from /proc/stat: the local
-cluster records no per-job CPU, and nothing else runs here during the bench), the server's idle
-fraction (vLLM's running requests, sampled every 0.5 s while the trainer ran), reward per sample. Ratios are against
-k = 1 of the same block; spread over blocks. Writes OUT/predicted.json, OUT/arms.jsonl,
+go to OUT/predicted.json. Per arm: the step time of the whole run (first rollout to last
+publication, over N steps: with k steps open the first k+1 fill the pipeline and the last k drain
+it, run alone and fast; the whole run counts both, as a user's run does), and the middle steps
+k+2 .. N-k when there are two or more (the steady state: 2k+3 steps give two), kept groups per
+second, CPU-seconds per trained token (the machine's busy CPU time over the arm, from /proc/stat:
+the local cluster records no per-job CPU, and nothing else runs here during the bench), the
+server's idle fraction (vLLM's running requests, sampled every 0.5 s while the trainer ran),
+reward per sample. Ratios are against k = 1 of the same block; spread over blocks. Writes OUT/predicted.json, OUT/arms.jsonl,
 OUT/async_k.md and OUT/async_k.png.
 """
 from __future__ import annotations
@@ -44,17 +44,18 @@ import duckdb
 import yaml
 from rich.console import Console
 
+from tbhpc.cpuinfo import cpu_class
+
 REPO = Path(__file__).resolve().parents[1]
-BASE = REPO / "jobs" / "train-async.yaml"
+BASE = REPO / "jobs" / "train-async-heavy.yaml"
 BUDGETS = {"heavy": 1024, "control": 128}
 
 
 def config_for(out: Path, workload: str, k: int, steps: int, tag: str) -> Path:
-    """A train config of the arm: jobs/train-async.yaml with its k, budget and steps."""
+    """A train config of the arm: jobs/train-async-heavy.yaml with its k, budget and steps."""
     doc = yaml.safe_load(BASE.read_text())
     doc.update(name=f"async-{workload}-k{k}-{tag}", max_staleness=k, steps=steps, response_budget=BUDGETS[workload],
-               keep_published=max(2, k + 1), checkpoint_every=steps, groups_per_step=2, max_draws=8,
-               episodes_in_flight=12, max_tokens=128, top_k=0, top_p=1.0)
+               keep_published=max(2, k + 1), checkpoint_every=steps)
     doc["serve"] = {**doc.get("serve", {}), "pause_mode": "abort" if k >= 2 else "wait"}
     path = out / "configs" / f"{doc['name']}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -102,29 +103,35 @@ def run_arm(out: Path, workload: str, k: int, steps: int, tag: str) -> dict:
 
 
 def summarise(run: Path, samples: list[tuple[float, float]], cpu_s: float, k: int) -> dict:
-    """One arm's figures over its steady steps (k+2 .. N)."""
+    """One arm's figures. The step time is the whole run's: from the first rollout's start to the
+    last publication, over the N steps. With k steps open, the first k+1 steps fill the pipeline
+    (their rollouts start at once, sharing the server) and the last k drain it (no rollouts left
+    beside their updates: they run alone and fast); a whole run counts both, as a user's run does,
+    where a window that skips only the fill counts the drain as speed. The middle steps (k+2 ..
+    N-k, by publication) are given too when there are two or more: the steady state of a long run."""
     con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
-    steps = con.execute("SELECT step, step_s, kept, tokens, epoch(published), spanning, reissued FROM train_steps "
-                        "ORDER BY step").fetchall()
+    steps = con.execute("SELECT step, kept, tokens, epoch(published), spanning, reissued, epoch(rollout_start) "
+                        "FROM train_steps ORDER BY step").fetchall()
     reward = con.execute("SELECT avg(reward) FROM attempts").fetchone()[0]
     con.close()
-    first = steady_from(k)
-    if len(steps) < first:
-        raise SystemExit(f"{run}: {len(steps)} steps, fewer than the {first} a steady step time at k = {k} needs")
-    t_from, t_to = steps[first - 2][4], steps[-1][4]        # publication of step first-1 .. of the last
-    steady = steps[first - 1:]
-    window = [n for t, n in samples if t_from <= t <= t_to]
-    return {"step_s": (t_to - t_from) / len(steady), "steps_s": [s[1] for s in steady],
-            "kept_per_s": sum(s[2] for s in steady) / (t_to - t_from),
-            "cpu_s_per_token": cpu_s / max(sum(s[3] for s in steps), 1),
-            "server_idle": sum(n == 0 for n in window) / len(window) if window else None,
-            "reward": reward, "spanning": sum(s[5] for s in steps), "reissued": sum(s[6] for s in steps)}
+    n = len(steps)
+    if n < 2:
+        raise SystemExit(f"{run}: {n} step(s); a step time needs 2 or more")
+    start, end = min(s[6] for s in steps), steps[-1][3]
+    published = {s[0]: s[3] for s in steps}
+    first, last = k + 1, n - k                   # middle steps: first+1 .. last
+    window = [v for t, v in samples if start <= t <= end]
+    return {"step_s": (end - start) / n, "steps_s": [b - a for a, b in zip([start] + [s[3] for s in steps], [s[3] for s in steps])],
+            "middle_s": (published[last] - published[first]) / (last - first) if last - first >= 2 else None,
+            "kept_per_s": sum(s[1] for s in steps) / (end - start),
+            "cpu_s_per_token": cpu_s / max(sum(s[2] for s in steps), 1),
+            "server_idle": sum(v == 0 for v in window) / len(window) if window else None,
+            "reward": reward, "spanning": sum(s[4] for s in steps), "reissued": sum(s[5] for s in steps)}
 
 
-def steady_from(k: int) -> int:
-    """The first step whose time says something about a long run: k steps' rollouts open at once
-    fill the pipeline over steps 1 .. k+1."""
-    return k + 2
+def middle_steps(k: int, n: int) -> int:
+    """How many steady steps (k+2 .. n-k) an n-step run at k has."""
+    return max(0, n - 2 * k - 1)
 
 
 def busy_cpu_seconds() -> float:
@@ -155,9 +162,10 @@ def predict(pilot0: dict, pilot1: dict, arms: list[int]) -> dict:
 
 def report(rows: list[dict], predicted: dict, arms: list[int], out: Path) -> str:
     """The table (pure given the rows): per workload and k, medians over blocks and ratios vs k = 1."""
-    lines = ["| workload | k | step s (median over blocks; each: steps k+2..N) | vs k = 1 measured (spread) | vs k = 1 predicted | kept groups/s | "
-             "CPU-s per 1k trained tokens | server idle | reward/sample (paired vs k = 1) | spanning episodes | re-issued turns |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | k | s per step, whole run (median over blocks; each) | vs k = 1 measured (spread) | "
+             "vs k = 1 predicted | step s predicted | middle steps k+2..N-k, s | kept groups/s | CPU-s per 1k trained tokens | "
+             "server idle | reward/sample (paired vs k = 1) | spanning episodes | re-issued turns |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for w in BUDGETS:
         for k in arms:
             mine = [r for r in rows if r["workload"] == w and r["k"] == k]
@@ -165,16 +173,24 @@ def report(rows: list[dict], predicted: dict, arms: list[int], out: Path) -> str
             ratios = [ref[r["tag"]]["step_s"] / r["step_s"] for r in mine if r["tag"] in ref]
             dreward = [r["reward"] - ref[r["tag"]]["reward"] for r in mine if r["tag"] in ref]
             idle = [r["server_idle"] for r in mine if r["server_idle"] is not None]
+            middle = [r.get("middle_s") for r in mine]
             lines.append(
                 f"| {w} | {k} | {statistics.median(r['step_s'] for r in mine):.1f}; "
                 f"{', '.join(format(r['step_s'], '.1f') for r in mine)} | {statistics.median(ratios):.2f} "
                 f"({min(ratios):.2f}-{max(ratios):.2f}) | {predicted['workloads'][w]['ratio_vs_k1'][k]:.2f} | "
+                f"{_predicted_step(predicted, w, k):.1f} | "
+                f"{', '.join(format(m, '.1f') for m in middle) if all(m is not None for m in middle) else '- (too few steps)'} | "
                 f"{statistics.median(r['kept_per_s'] for r in mine):.3f} | "
                 f"{1000 * statistics.median(r['cpu_s_per_token'] for r in mine):.2f} | "
                 f"{statistics.median(idle):.0%} | {statistics.median(r['reward'] for r in mine):.3f} "
                 f"({statistics.median(dreward):+.3f}) | {sum(r['spanning'] for r in mine)} | {sum(r['reissued'] for r in mine)} |"
                 if idle else f"| {w} | {k} | (no server samples) |")
     return "\n".join(lines)
+
+
+def _predicted_step(predicted: dict, workload: str, k: int) -> float:
+    steps = predicted["workloads"][workload]["step_s"]
+    return steps.get(k, steps.get(str(k)))          # read back from JSON: the keys are strings
 
 
 def rows_from(out: Path, arms: list[int]) -> list[dict]:
@@ -188,7 +204,7 @@ def rows_from(out: Path, arms: list[int]) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=8, help="per arm; at least max(arms) + 3 (steady steps k+2 .. N)")
+    ap.add_argument("--steps", type=int, default=8, help="per arm; 2 x max(arms) + 3 give every arm two middle steps")
     ap.add_argument("--blocks", type=int, default=2)
     ap.add_argument("--arms", type=int, nargs="+", default=[0, 1, 2, 3])
     ap.add_argument("--seed", type=int, default=0, help="the order of the arms within each block")
@@ -197,9 +213,11 @@ def main() -> int:
     args = ap.parse_args()
     if 1 not in args.arms:
         raise SystemExit("--arms must include 1 (the ratios are against it)")
-    if args.steps < steady_from(max(args.arms)) + 1:
-        raise SystemExit(f"--steps {args.steps}: k = {max(args.arms)} needs {steady_from(max(args.arms)) + 1} or more "
-                         "(two steady steps after the pipeline fills)")
+    if args.steps < 3:
+        raise SystemExit(f"--steps {args.steps}: 3 or more")
+    if middle_steps(max(args.arms), args.steps) < 2:
+        Console().print(f"[yellow]--steps {args.steps}: k = {max(args.arms)} has fewer than 2 middle steps (k+2 .. N-k); "
+                        f"the whole-run step time is still measured ({2 * max(args.arms) + 3} steps give 2)")
     con, out = Console(), args.out.resolve()
     if args.report_only:
         return _write(con, rows_from(out, args.arms), json.loads((out / "predicted.json").read_text()), args.arms, out)
@@ -207,7 +225,7 @@ def main() -> int:
     con.print("pilots: heavy k = 0 and k = 1 (the model's rates)")
     pilots = [run_arm(out, "heavy", k, args.steps, "pilot") for k in (0, 1)]
     predicted = predict(pilots[0], pilots[1], args.arms)
-    (out / "predicted.json").write_text(json.dumps({"written_at": time.strftime("%Y-%m-%d %H:%M:%S"), **predicted},
+    (out / "predicted.json").write_text(json.dumps({"written_at": time.strftime("%Y-%m-%d %H:%M:%S"), "cpu": cpu_class(), **predicted},
                                                    indent=1, default=str))
     con.print(f"predicted ratios vs k = 1 written before the arms: "
               f"{ {w: {k: round(r, 2) for k, r in v['ratio_vs_k1'].items()} for w, v in predicted['workloads'].items()} }")
@@ -229,7 +247,9 @@ def main() -> int:
 def _write(con: Console, rows: list[dict], predicted: dict, arms: list[int], out: Path) -> int:
     predicted["workloads"] = {w: {**v, "ratio_vs_k1": {int(k): r for k, r in v["ratio_vs_k1"].items()}}
                               for w, v in predicted["workloads"].items()}        # JSON keys are strings
-    table = report(rows, predicted, arms, out)
+    provenance = (f"*Measured {predicted['written_at'][:10]} · local cluster (3 nodes on one machine) · "
+                  f"{predicted.get('cpu') or cpu_class()} · `bench/async_k.py --out {out.name}`*")
+    table = provenance + "\n\n" + report(rows, predicted, arms, out)
     (out / "async_k.md").write_text(table + "\n")
     _plot(rows, arms, out)
     con.print(table)
@@ -246,7 +266,7 @@ def _plot(rows: list[dict], arms: list[int], out: Path) -> None:
             ax.plot(r["k"] + (i - 0.5) * 0.1, r["step_s"], "o", color=f"C{i}", alpha=0.6)
         ax.plot(arms, [statistics.median(r["step_s"] for r in rows if r["workload"] == w and r["k"] == k) for k in arms],
                 "-", color=f"C{i}", label=f"{w} (budget {BUDGETS[w]})")
-    ax.set(xlabel="max_staleness k", ylabel="step s (steady: steps k+2 .. N)", xticks=arms,
+    ax.set(xlabel="max_staleness k", ylabel="s per step (whole run: fill and drain included)", xticks=arms,
            title="local cluster, 3 nodes on 2 cores, vLLM-CPU")
     ax.legend()
     fig.tight_layout()

@@ -4,6 +4,8 @@ from pathlib import Path
 
 import duckdb
 
+from tbhpc.cpuinfo import KERNEL_CAPS, cpu_class  # noqa: F401  (tests name the CPU class; KERNEL_CAPS: make test's AVX2 pass)
+
 
 class _Notes(list):
     """Lines tests add for the run's closing summary (conftest.py). Under pytest-xdist the tests
@@ -38,26 +40,6 @@ def train_rows(run: Path) -> list[tuple]:
         return con.execute("SELECT train_step, task_id, attempt_index, reward FROM attempts ORDER BY 1, 2, 3").fetchall()
     finally:
         con.close()
-
-
-# What `make test`'s second pass sets to run torch's arithmetic as an AVX2-only CPU would (Makefile
-# KERNELS_AVX2): ATen's vectorised kernels, oneDNN's ISA (its bf16 path too) and MKL's code path.
-KERNEL_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
-
-
-def cpu_class() -> str:
-    """The CPU features torch, oneDNN and vLLM-CPU choose their kernels (and weight layouts) by: a test
-    whose outcome can depend on them names them in its output and failure messages, and says when
-    torch's kernels were capped below the CPU's own (`KERNEL_CAPS`)."""
-    flags, model = set(), "?"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags") and not flags:
-            flags = set(line.split(":", 1)[1].split())
-        elif line.startswith("model name") and model == "?":
-            model = line.split(":", 1)[1].strip()
-    isa = [f for f in ("amx_tile", "amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags]
-    caps = [f"{k}={os.environ[k]}" for k in KERNEL_CAPS if os.environ.get(k)]
-    return f"{model} [{' '.join(isa) or 'no avx2'}]" + (f" with torch's kernels capped: {' '.join(caps)}" if caps else "")
 
 
 def free_port() -> int:

@@ -356,10 +356,11 @@ def test_the_async_bench_table_pairs_each_arm_with_k_1_of_its_block():
     before = bench.busy_cpu_seconds()
     sum(i * i for i in range(3_000_000))                  # ~0.2 s of this process's CPU
     assert bench.busy_cpu_seconds() - before > 0.05
-    rows = [{"workload": w, "k": k, "tag": f"b{b}", "step_s": s, "kept_per_s": 0.1, "cpu_s_per_token": 1e-3,
+    rows = [{"workload": w, "k": k, "tag": f"b{b}", "step_s": s, "middle_s": s - 1, "kept_per_s": 0.1, "cpu_s_per_token": 1e-3,
              "server_idle": 0.5, "reward": 0.2 + 0.01 * k, "spanning": k, "reissued": 0}
             for w in ("heavy", "control") for b, scale in ((0, 1.0), (1, 1.2)) for k, s in ((1, 20 * scale), (2, 10 * scale))]
-    predicted = {"workloads": {w: {"ratio_vs_k1": {1: 1.0, 2: 1.8}} for w in ("heavy", "control")}}
+    predicted = {"workloads": {w: {"ratio_vs_k1": {1: 1.0, 2: 1.8}, "step_s": {"1": 30.0, "2": 16.7}} for w in ("heavy", "control")}}
     table = bench.report(rows, predicted, [1, 2], Path("."))
     heavy2 = next(line for line in table.splitlines() if line.startswith("| heavy | 2 |"))
-    assert "| 11.0; 10.0, 12.0 | 2.00 (2.00-2.00) | 1.80 |" in heavy2 and "(+0.010)" in heavy2, heavy2
+    assert "| 11.0; 10.0, 12.0 | 2.00 (2.00-2.00) | 1.80 | 16.7 | 9.0, 11.0 |" in heavy2 and "(+0.010)" in heavy2, heavy2
+    assert [bench.middle_steps(k, 8) for k in range(4)] == [7, 5, 3, 1]      # steps k+2 .. N-k

@@ -73,6 +73,8 @@ class Cluster:
     decode_tokens_per_s: float = 100.0  # per replica, aggregate over its concurrent sequences, at saturation
     half_saturation: float = 0.0        # episodes in flight at which a replica makes half of that (0: always all)
     prefill_tokens_per_s: float = 0.0   # per replica (0: prefill folded into decode_tokens_per_s)
+    reprefill_tokens_per_s: float = 0.0 # per replica, a re-issued turn's whole context at once after a sync dropped the
+                                        # prefix cache (0: prefill_tokens_per_s; both 0: free)
     stream_tokens_per_s: float = 20.0   # one sequence's decode speed at that concurrency
     in_flight: int = 0                  # episodes the trainer keeps in flight (the run's episodes_in_flight; 0: many)
     weights_gb: float = 0.01
@@ -128,7 +130,8 @@ def interrupt_s(w: Workload, c: Cluster) -> float:
     """Server seconds one sync costs when it aborts the turns in flight (k >= 2): each is issued
     again, its context prefilled again (half an episode's, on average) and half a turn decoded again."""
     in_flight = c.in_flight or w.episodes
-    prefill = in_flight * w.context_tokens / 2 / (c.replicas * c.prefill_tokens_per_s) if c.prefill_tokens_per_s else 0.0
+    rate = c.reprefill_tokens_per_s or c.prefill_tokens_per_s
+    prefill = in_flight * w.context_tokens / 2 / (c.replicas * rate) if rate else 0.0
     redo = in_flight * w.gen_tokens / max(w.turns, 1.0) / 2 / (c.replicas * c.decode_tokens_per_s)
     return prefill + redo
 
