@@ -142,16 +142,19 @@ def test_the_home_page_and_a_guide_render_without_console_errors(tmp_path, brows
 
 
 def test_every_config_field_says_what_it_is():
-    """The Reference's help column is the comment on each field's line: a new field (or policy
-    option) without one fails here."""
-    import importlib
+    """The Reference's help column (and `tbhpc fields`) is the comment on each field's line: a new
+    field (or policy option) without one fails here; every config kind has its Reference section."""
     sys.path.insert(0, str(REPO / "docs"))
     import reference
-    for _, module, name, _ in reference.CONFIGS:
-        cls = getattr(importlib.import_module(module), name)
-        helps = reference.field_comments(cls)
-        assert [f.name for f in dataclasses.fields(cls) if not helps.get(f.name)] == [], name
+
+    from tbhpc.cli.fields import policy_rows
+    from tbhpc.fielddoc import KINDS, config_class, field_comments
+    assert [kind for _, kind, _ in reference.CONFIGS] == list(KINDS)
+    for kind in KINDS:
+        cls = config_class(kind)
+        helps = field_comments(cls)
+        assert [f.name for f in dataclasses.fields(cls) if not helps.get(f.name)] == [], kind
     from tbhpc.policy import POLICY_NAMES
     for policy in POLICY_NAMES:                  # policy_opts too: every option the Reference lists says what it is
-        assert [option for option, _, _, help in reference.policy_options(policy) if not help] == [], policy
-    assert {o for o, *_ in reference.policy_options("tokens")} >= {"endpoint", "model_path", "generator", "temperature"}
+        assert [option for option, _, _, help in policy_rows(policy) if not help] == [], policy
+    assert {o for o, *_ in policy_rows("tokens")} >= {"endpoint", "model_path", "generator", "temperature"}
