@@ -7,13 +7,9 @@ line each (`lr: float = 1e-6   # AdamW's; the recipe's`), which is what a reader
 """
 from __future__ import annotations
 
-import ast
 import dataclasses
 import difflib
 import importlib
-import inspect
-import io
-import tokenize
 import typing
 
 # Every config kind a user writes (YAML, `key=value`): kind -> "module:Class". `tbhpc fields KIND`
@@ -51,6 +47,10 @@ def closest(name: str, known: typing.Iterable[str], n: int = 3) -> list[str]:
 
 def field_comments(cls: type) -> dict[str, str]:
     """The comment on each field's line(s) in the class body, and comment lines right above it."""
+    import ast
+    import inspect
+    import io
+    import tokenize
     source = inspect.getsource(cls)
     comments: dict[int, str] = {}
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
