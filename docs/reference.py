@@ -10,27 +10,20 @@ Used by the site's build hook (docs/hooks.py) and runnable alone:
 from __future__ import annotations
 
 import argparse
-import ast
-import dataclasses
 import inspect
-import io
 import sys
-import tokenize
-import typing
 from pathlib import Path
 
-# The config dataclasses a user writes YAML for: (title, module, class, where its YAML lives).
+# The config kinds a user writes YAML for (tbhpc/fielddoc.py's KINDS): (title, kind, where its YAML lives).
 CONFIGS = (
-    ("Campaign (`tbhpc probe`, `tbhpc eval`, `tbhpc submit probe|eval`)", "tbhpc.campaign.config", "CampaignConfig",
-     "jobs/probe.yaml, jobs/eval.yaml"),
-    ("Training (`tbhpc train`, `tbhpc submit train`, `make train`)", "tbhpc.train.config", "TrainConfig",
+    ("Campaign (`tbhpc probe`, `tbhpc eval`, `tbhpc submit probe|eval`)", "campaign", "jobs/probe.yaml, jobs/eval.yaml"),
+    ("Training (`tbhpc train`, `tbhpc submit train`, `make train`)", "train",
      "jobs/train.yaml, jobs/train-reference.yaml, jobs/train-lora.yaml"),
-    ("Serving (`tbhpc serve`)", "tbhpc.serve.config", "ServeConfig", "jobs/serve.yaml"),
-    ("Slurm options (the `slurm` section of the three above)", "tbhpc.slurm_options", "SlurmOptions", "-"),
-    ("OpenEnv (the `openenv` section of a campaign with `environment: openenv`)", "tbhpc.openenv.launch", "OpenEnvSpec",
-     "the campaign's `openenv:` section"),
-    ("The demo (`tbhpc demo`, `make demo`)", "tbhpc.demo.config", "DemoConfig", "jobs/demo-pack.yaml, jobs/demo.yaml"),
-    ("Pool selection (`tbhpc select`, `api.select`)", "tbhpc.selection.pool", "SelectConfig", "command-line flags"),
+    ("Serving (`tbhpc serve`)", "serve", "jobs/serve.yaml"),
+    ("Slurm options (the `slurm` section of the three above)", "slurm", "-"),
+    ("OpenEnv (the `openenv` section of a campaign with `environment: openenv`)", "openenv", "the campaign's `openenv:` section"),
+    ("The demo (`tbhpc demo`, `make demo`)", "demo", "jobs/demo-pack.yaml, jobs/demo.yaml"),
+    ("Pool selection (`tbhpc select`, `api.select`)", "select", "command-line flags"),
 )
 
 
@@ -84,96 +77,31 @@ def cli_markdown() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def field_comments(cls: type) -> dict[str, str]:
-    """The comment on each field's line(s) in the class body, and comment lines right above it."""
-    source = inspect.getsource(cls)
-    comments: dict[int, str] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = tok.string.lstrip("#").strip()
-    body = ast.parse(source).body[0]
-    out = {}
-    for node in getattr(body, "body", []):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            text = [comments[i] for i in range(node.lineno, (node.end_lineno or node.lineno) + 1) if i in comments]
-            above, line = [], node.lineno - 1
-            while line in comments and source.splitlines()[line - 1].strip().startswith("#"):
-                above.insert(0, comments[line])
-                line -= 1
-            out[node.target.id] = " ".join(above + text)
-    return out
-
-
-def _type_name(hint) -> str:
-    """A field's type as a table cell shows it: unions read "A or B" (a | inside a code span breaks the table)."""
-    text = getattr(hint, "__name__", None) if not typing.get_args(hint) else None
-    return (text or str(hint).replace("typing.", "")).replace(" | ", " or ")
-
-
-def _field_default(f: dataclasses.Field) -> str:
-    if f.default is not dataclasses.MISSING:
-        return f"`{f.default!r}`"
-    if f.default_factory is not dataclasses.MISSING:
-        value = f.default_factory()
-        if dataclasses.is_dataclass(value):
-            return "see below" if type(value).__name__ == "SlurmOptions" else "a section"
-        return f"`{value!r}`"
-    return "required"
-
-
 def config_markdown() -> str:
-    """One table per config class: field, type, default, and what it means."""
-    import importlib
+    """One table per config kind: field, type, default, and what it means (`tbhpc fields KIND` prints the same)."""
+    from tbhpc.fielddoc import KINDS, config_class, config_rows
     lines = []
-    for title, module, name, yaml in CONFIGS:
-        cls = getattr(importlib.import_module(module), name)
-        hints, helps = typing.get_type_hints(cls), field_comments(cls)
+    for title, kind, yaml in CONFIGS:
+        cls, (module, name) = config_class(kind), KINDS[kind].split(":")
         doc = inspect.getdoc(cls) or ""
         doc = "" if doc.startswith(f"{name}(") else doc.split("\n\n")[0]      # dataclasses invent one
-        lines += [f"## {title}", "", f"`{module}.{name}`; YAML: {yaml}.", "", doc, "",
-                  "| field | type | default | what |", "|---|---|---|---|"]
-        for f in dataclasses.fields(cls):
-            if f.name.startswith("_"):
-                continue
-            kind = _type_name(hints.get(f.name))
-            lines.append(f"| `{f.name}` | `{_cell(kind)}` | {_cell(_field_default(f))} | "
-                         f"{_cell(helps.get(f.name, ''))} |")
+        lines += [f"## {title}", "", f"`{module}.{name}`; YAML: {yaml}; every field in a terminal: `tbhpc fields {kind}`.",
+                  "", doc, "", "| field | type | default | what |", "|---|---|---|---|"]
+        for field, kind_, default, what in config_rows(cls):
+            lines.append(f"| `{field}` | `{_cell(kind_)}` | {_cell(default)} | {_cell(what)} |")
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 
 
-def policy_options(name: str) -> list[tuple[str, str, str, str]]:
-    """(option, type, default, help) for each option of a policy, as `policy_opts` spells them:
-    a policy's own fields and, for one that takes sampling settings flat, Sampling's (with that
-    policy's defaults). Fields a user cannot give (internal state, callables) are left out."""
-    from tbhpc.policy import policy_class
-    from tbhpc.policy.sampling import Sampling
-    cls = policy_class(name)
-    hints, helps = typing.get_type_hints(cls), field_comments(cls)
-    flat = getattr(cls, "sampling_options", None) or {}
-    rows = []
-    for f in dataclasses.fields(cls):
-        kind = _type_name(hints.get(f.name))
-        if f.name == "name" or f.name.startswith("_") or not f.repr or "Callable" in kind or (flat and f.name == "sampling"):
-            continue
-        rows.append((f.name, kind, _field_default(f), helps.get(f.name, "")))
-    if flat:
-        sampling = next(f for f in dataclasses.fields(cls) if f.name == "sampling").default_factory()
-        kinds, sampling_helps = typing.get_type_hints(Sampling), field_comments(Sampling)
-        for option, field_name in flat.items():
-            rows.append((option, _type_name(kinds[field_name]), f"`{getattr(sampling, field_name)!r}`",
-                         sampling_helps.get(field_name, "")))
-    return rows
-
-
 def policy_markdown() -> str:
     """One table per policy: the options `policy_opts` (or `--opt`) takes."""
+    from tbhpc.cli.fields import policy_rows
     from tbhpc.policy import POLICY_NAMES
     lines = ["## Policy options (`policy_opts`, `--opt`)", "",
              "What each `policy:` takes in `policy_opts: {...}` (campaign configs, `tbhpc probe|eval`) or as "
              "`--opt key=value` (`tbhpc episode`); a misspelt option or a wrong type is one line naming it.", ""]
     for name in POLICY_NAMES:
-        rows = policy_options(name)
+        rows = policy_rows(name)
         lines += [f"### `{name}`", ""]
         if not rows:
             lines += ["No options.", ""]

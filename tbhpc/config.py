@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import yaml
 
 from tbhpc.errors import UserError
+from tbhpc.fielddoc import closest, kind_of
 
 T = TypeVar("T")
 
@@ -89,15 +90,16 @@ def from_dict(cls: type[T], values: dict[str, Any], origin: dict[str, str] | Non
     return cls(**checked_values(cls, values, origin))
 
 
-def checked_values(cls: type, values: dict[str, Any], origin: dict[str, str] | None = None) -> dict[str, Any]:
+def checked_values(cls: type, values: dict[str, Any], origin: dict[str, str] | None = None,
+                   kind: str | None = None) -> dict[str, Any]:
     """`values` checked against `cls`'s fields (names and types; nested sections built), without
-    building `cls` itself: for options checked long before the object they configure exists."""
+    building `cls` itself: for options checked long before the object they configure exists.
+    `kind`: what `tbhpc fields` calls the field list (default: the class's config kind)."""
     origin = origin or {}
     fields = {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")}
     unknown = sorted(set(values) - fields)
     if unknown:
-        where = origin.get(unknown[0], cls.__name__)
-        raise UserError(f"{where}: unknown field {unknown[0]!r} (known: {', '.join(sorted(fields))})")
+        raise UserError(unknown_field(origin.get(unknown[0], cls.__name__), unknown[0], fields, kind or kind_of(cls)))
     hints = typing.get_type_hints(cls)
     defaults = {f.name: f.default_factory for f in dataclasses.fields(cls) if f.default_factory is not dataclasses.MISSING}
     values = dict(values)
@@ -120,6 +122,17 @@ def checked_values(cls: type, values: dict[str, Any], origin: dict[str, str] | N
             where = origin.get(key, cls.__name__)
             raise UserError(f"{where}: field {key!r}: expected {_name(want)}, got {type(value).__name__}")
     return values
+
+
+def unknown_field(where: str, key: str, known: set[str], kind: str | None, limit: int = 300) -> str:
+    """One line for a misspelt field: where, the closest known names, and where every field is
+    listed (`tbhpc fields KIND`), never the whole list; at most `limit` characters."""
+    near = closest(str(key), known)
+    hint = f"; did you mean {' or '.join(map(repr, near))}?" if near else f", not close to any of the {len(known)} fields"
+    look = f"tbhpc fields {kind}" if kind else "the Configuration reference"
+    tail = f": unknown field {str(key)[:60]!r}{hint} (every field: {look})"
+    room = limit - len(tail)
+    return (where if len(where) <= room else "..." + where[len(where) - room + 3:]) + tail
 
 
 def _fits(value: Any, want: Any) -> bool:

@@ -81,10 +81,11 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
     assert str(err.value) == "submitit executor: no folder (give one: submitit.AutoExecutor(folder='logs/submitit'))"
     with pytest.raises(UserError) as err:
         api.probe(out=tmp_path / "b", repeets=2)
-    assert str(err.value).startswith("argument repeets=2: unknown field 'repeets' (known: ")
+    assert str(err.value) == ("argument repeets=2: unknown field 'repeets'; did you mean 'repeats'? "
+                              "(every field: tbhpc fields campaign)")
     with pytest.raises(UserError) as err:
         api.probe(out=tmp_path / "c", overrides=["limt=3"])
-    assert str(err.value).startswith("override 'limt=3': unknown field 'limt' (known: ")
+    assert str(err.value).startswith("override 'limt=3': unknown field 'limt'; did you mean 'limit'")
     with pytest.raises(UserError, match="only a submitit executor returns before its jobs end"):
         api.probe(out=tmp_path / "d", wait=False, **SMALL)
     with pytest.raises(UserError, match="expected 'local', 'slurm', 'mpi' or a submitit executor, got int"):
@@ -118,7 +119,8 @@ def test_train_from_python_renders_the_cli_jobs_and_refuses_bad_input(tmp_path):
     assert dry.scripts == cli.stdout and "# ---- serve.sbatch ----" in dry.scripts and not run.exists()
     with pytest.raises(UserError) as err:
         api.train("jobs/train.yaml", out=run, executor="slurm", group_sise=4)
-    assert str(err.value).startswith("argument group_sise=4: unknown field 'group_sise' (known: ")
+    assert str(err.value).startswith("argument group_sise=4: unknown field 'group_sise'; did you mean 'group_size' or ")
+    assert str(err.value).endswith("(every field: tbhpc fields train)")
     with pytest.raises(UserError, match="train: executor must be 'local' or 'slurm'"):
         api.train("jobs/train.yaml", out=run, executor="submitit")
     assert not run.exists()

@@ -99,3 +99,68 @@ def test_the_eval_of_every_export_is_read_when_the_train_command_is(tmp_path: Pa
     _one_line(_run(["train", str(run), "--config", "jobs/train.yaml", "pool=jobs/pools/smoke.yaml",
                     "export_eval=jobs/eval.yaml", override]), *needles)
     assert not run.exists()
+
+
+def _typo(name: str) -> str:
+    """A field's name with two inner letters swapped (a typo a person makes)."""
+    i = next(i for i in range(1, len(name) - 2) if name[i] != name[i + 1] and "_" not in name[i:i + 2])
+    return name[:i] + name[i + 1] + name[i] + name[i + 2:]
+
+
+def test_a_misspelt_field_of_every_config_kind_is_one_short_line_naming_the_closest_fields():
+    """Every config kind `tbhpc fields` knows, its sections (`slurm:`, `openenv:`) and the policy
+    options: a typo of each of its fields answers in one line of at most 300 characters that names
+    the field meant and where every field is listed, never the whole list."""
+    from tbhpc.config import checked_values, load_config
+    from tbhpc.fielddoc import KINDS, config_class, config_rows
+    checked = 0
+    for kind in KINDS:
+        cls = config_class(kind)
+        for field, *_ in config_rows(cls):
+            if len(field) < 5:
+                continue
+            typo = _typo(field)
+            with pytest.raises(UserError) as err:
+                checked_values(cls, {typo: 1}, {typo: f"jobs/some/{kind}.yaml"})
+            line = str(err.value)
+            assert "\n" not in line and len(line) <= 300, line
+            assert line.startswith(f"jobs/some/{kind}.yaml: unknown field {typo!r}; did you mean ") and repr(field) in line, line
+            assert line.endswith(f"(every field: tbhpc fields {kind})"), line
+            checked += 1
+    assert checked > 150
+    # the sections, through the overrides a person types
+    with pytest.raises(UserError, match=r"unknown field 'cpus_per_tsk'; did you mean 'cpus_per_task'.*tbhpc fields slurm\)$"):
+        load_config(config_class("train"), "jobs/train.yaml", ["slurm.cpus_per_tsk=2"])
+    with pytest.raises(UserError, match=r"unknown field 'tiemout_s'; did you mean 'timeout_s'.*tbhpc fields openenv\)$"):
+        load_config(config_class("campaign"), None, ["environment=openenv", "openenv={url: 'http://h:1', tiemout_s: 3}"])
+    with pytest.raises(UserError, match=r"policy_opts \(tokens policy\): unknown field 'temprature'; did you mean "
+                                        r"'temperature'\? \(every field: tbhpc fields policy:tokens\)$"):
+        check_policy_options("tokens", {"temprature": 1.0})
+    # nothing close: said so, still one line; a very long origin is cut from the left, never the hint
+    with pytest.raises(UserError) as err:
+        checked_values(config_class("train"), {"zzzzzzzz": 1}, {"zzzzzzzz": "/" + "x" * 400 + "/train.yaml"})
+    line = str(err.value)
+    assert len(line) == 300 and line.startswith("...") and "not close to any of the" in line, line
+    assert line.endswith("(every field: tbhpc fields train)")
+
+
+def test_the_demo_answers_a_typo_in_its_train_section_in_one_line():
+    r = _run(["demo", "--config", "jobs/demo.yaml", "train.lrr=1e-4"])
+    _one_line(r, "unknown field 'lrr'; did you mean 'lr'?", "tbhpc fields train")
+    assert len(r.stderr.strip()) <= 300, r.stderr
+
+
+def test_tbhpc_fields_lists_every_field_with_its_meaning():
+    from tbhpc.cli.fields import render, rows_for
+    from tbhpc.fielddoc import config_class
+    r = _run(["fields", "train"])
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    names = [f.name for f in __import__("dataclasses").fields(config_class("train")) if not f.name.startswith("_")]
+    assert [ln.split()[0] for ln in lines] == names
+    lr = next(ln for ln in lines if ln.startswith("lr "))
+    assert "default 1e-06" in lr and "#" in lr, lr
+    assert render("x", [("a", "int", "`1`", "one"), ("bbb", "str or None", "`None`", "")]) == (
+        "a    int          default 1  # one\nbbb  str or None  default None\n")
+    assert {o for o, *_ in rows_for("policy:tokens")} >= {"temperature", "model_path"}
+    _one_line(_run(["fields", "slrum"]), "unknown kind 'slrum'", "did you mean 'slurm'")

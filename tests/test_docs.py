@@ -119,7 +119,8 @@ def test_nothing_points_outside_the_repository():
 
 def test_the_home_page_and_a_guide_render_without_console_errors(tmp_path, browser):
     """The built site in headless Chromium over HTTP: the home page and a guide load their theme,
-    scripts and search index with no console error (no font or script fetched from the internet)."""
+    scripts and search index with no console error (no font or script fetched from the internet),
+    nothing scrolls sideways, and the home page's pipeline is the picture the build drew."""
     import functools
     import threading
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -137,21 +138,46 @@ def test_the_home_page_and_a_guide_render_without_console_errors(tmp_path, brows
             assert browser.find_elements(By.CSS_SELECTOR, "nav.md-nav"), page          # the theme's navigation rendered
             errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
             assert errors == [], (page, errors)
+            # nothing scrolls sideways (the pipeline was ASCII art that did)
+            assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth"), page
+        # the home page's pipeline is a picture the build drew (docs/pipeline_diagram.py), shown at the page's width
+        browser.get(f"http://127.0.0.1:{server.server_address[1]}/index.html")
+        img = browser.find_element(By.CSS_SELECTOR, "img[src$='pipeline.svg']")
+        shown = browser.execute_script("const i = arguments[0]; return [i.complete, i.naturalWidth, "
+                                       "i.getBoundingClientRect().width, i.closest('article').clientWidth]", img)
+        assert shown[0] and shown[1] > 500 and 0.9 * shown[3] <= shown[2] <= shown[3] + 1, shown
+        assert "probe" in img.get_attribute("alt") and not browser.find_elements(By.XPATH, "//pre[contains(., '──►')]")
     finally:
         server.shutdown()
 
 
+def test_the_pipeline_picture_is_drawn_the_same_from_its_source():
+    """docs/pipeline_diagram.py: the same SVG bytes for the same data (a rebuilt site changes nothing),
+    every stage's name in it as text, and every arrow between boxes it names."""
+    sys.path.insert(0, str(REPO / "docs"))
+    import pipeline_diagram
+    svg = pipeline_diagram.render_svg()
+    assert svg == pipeline_diagram.render_svg() and svg.startswith("<?xml")
+    keys = {k for k, *_ in pipeline_diagram.BOXES}
+    assert all(a in keys and b in keys for a, b, *_ in pipeline_diagram.ARROWS)
+    for stage in ("probe", "select", "train", "vLLM job", "evaluate", "pass@k"):
+        assert f">{stage}" in svg, stage
+
+
 def test_every_config_field_says_what_it_is():
-    """The Reference's help column is the comment on each field's line: a new field (or policy
-    option) without one fails here."""
-    import importlib
+    """The Reference's help column (and `tbhpc fields`) is the comment on each field's line: a new
+    field (or policy option) without one fails here; every config kind has its Reference section."""
     sys.path.insert(0, str(REPO / "docs"))
     import reference
-    for _, module, name, _ in reference.CONFIGS:
-        cls = getattr(importlib.import_module(module), name)
-        helps = reference.field_comments(cls)
-        assert [f.name for f in dataclasses.fields(cls) if not helps.get(f.name)] == [], name
+
+    from tbhpc.cli.fields import policy_rows
+    from tbhpc.fielddoc import KINDS, config_class, field_comments
+    assert [kind for _, kind, _ in reference.CONFIGS] == list(KINDS)
+    for kind in KINDS:
+        cls = config_class(kind)
+        helps = field_comments(cls)
+        assert [f.name for f in dataclasses.fields(cls) if not helps.get(f.name)] == [], kind
     from tbhpc.policy import POLICY_NAMES
     for policy in POLICY_NAMES:                  # policy_opts too: every option the Reference lists says what it is
-        assert [option for option, _, _, help in reference.policy_options(policy) if not help] == [], policy
-    assert {o for o, *_ in reference.policy_options("tokens")} >= {"endpoint", "model_path", "generator", "temperature"}
+        assert [option for option, _, _, help in policy_rows(policy) if not help] == [], policy
+    assert {o for o, *_ in policy_rows("tokens")} >= {"endpoint", "model_path", "generator", "temperature"}

@@ -123,6 +123,10 @@ def world(tmp_path_factory):
     (w / "prices-neg.yaml").write_text("agent: {input: -3, output: 1}\n")
     (w / "prices-str.yaml").write_text("agent: {input: cheap}\n")
     (w / "prices-role.yaml").write_text("agnet: {input: 1}\n")
+    (w / "prices-list.yaml").write_text("- agent\n- 3\n")
+    (w / "prices-flat.yaml").write_text("agent: 3\n")
+    (w / "train-run").mkdir()
+    (w / "train-run" / "config.yaml").write_text("model: no-such-model\n")
     for name, line in {"yes": {"test_result": {"result": "yes"}}, "intuid": {"uid": 5},
                        "many": {"usage": [{"input_tokens": "many"}]}, "neg": {"usage": [{"output_tokens": -5}]},
                        "float": {"usage": [{"input_tokens": 2.5}]}, "reward": {"test_result": {"result": True, "reward": "1"}},
@@ -296,6 +300,28 @@ CASES = [
     ("plan-chunk-zero", ["plan", "ref.yaml", "model=m27", "logprob_chunk=0"], 2, ["'logprob_chunk'"]),
     ("doctor-no-config", ["doctor", "nope.yaml"], 2, ["nope.yaml"]),
     ("doctor-bad-env", ["doctor", "ref.yaml", "env={1X: a}"], 2, ["field 'env'", "'1X'"]),
+    # 8. a command's own flags: checked before anything starts, as config fields are
+    ("user-url-no-scheme", ["episode", "--task", "TASK", "--user", "openai", "--user-url", "localhost:8000/v1"], 2,
+     ["--user-url", "http(s)://"]),
+    ("judge-url-no-host", ["episode", "--task", "TASK", "--judge-url", "http://"], 2, ["--judge-url"]),
+    ("episode-empty-pack", ["episode", "--task", "TASK", "--pack", ""], 2, ["--pack", "empty"]),
+    ("tasks-empty-pack", ["tasks", "list", ""], 2, ["pack", "empty"]),
+    ("export-domain-typo", ["tasks", "export-tb", "--out", "exp", "--domain", "retail", "--domain", "retial"], 2,
+     ["--domain 'retial'", "retail"]),
+    ("serve-empty-run", ["serve", ""], 2, ["empty path"]),
+    ("select-empty-keep", ["select", "probe", "--out", "pool.yaml", "--keep", ""], 2, ["--keep", "empty"]),
+    ("plan-rates-missing", ["plan", "ref.yaml", "model=m27", "--rates", "nope.yaml"], 2, ["--rates", "nope.yaml"]),
+    ("prices-list", ["agg", "run", "--prices", "prices-list.yaml"], 2, ["prices-list.yaml", "mapping of roles"]),
+    ("prices-flat", ["agg", "run", "--prices", "prices-flat.yaml"], 2, ["prices-flat.yaml", "agent"]),
+    ("grad-noise-model", ["grad-noise", "train-run", "--model", "nope"], 2, ["--model", "'nope' does not exist"]),
+    ("grad-noise-cfg-model", ["grad-noise", "train-run"], 2, ["field model", "no-such-model"]),
+    ("warmstart-base", ["warmstart", "--out", "ws", "--split", "train", "--base", "folder"], 2, ["--base", "no config.json"]),
+    ("warmstart-band", ["warmstart", "--out", "ws", "--split", "train", "--select", "--band", "0.9", "0.5"], 2,
+     ["--band", "LO <= HI"]),
+    ("warmstart-lr-zero", ["warmstart", "--out", "ws", "--split", "train", "--lr", "0"], 2, ["--lr", "> 0"]),
+    ("warmstart-seed", ["warmstart", "--out", "ws", "--split", "train", "--seed", str(2**64)], 2, ["--seed"]),
+    ("serve-check-url", ["serve-check", "--url", "localhost:8000"], 2, ["--url", "http(s)://"]),
+    ("import-tb-empty-id", ["import-tb", "tb-yes.jsonl", "--out", "imp", "--policy-id", ""], 2, ["--policy-id", "empty"]),
 ]
 
 

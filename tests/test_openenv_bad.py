@@ -170,7 +170,15 @@ def test_a_uv_project_without_uv_is_one_line(tmp_path, monkeypatch):
 @pytest.mark.parametrize("args, message", [
     (["default"], "openenv-serve needs the openenv package"),       # this environment has no openenv: one line
     (["no-such-pack"], "no-such-pack"),                             # checked before anything else
-    (["default", "--max-sessions", "0"], "--max-sessions must be >= 1"),
+    (["default", "--max-sessions", "0"], "argument --max-sessions: expected an integer within [1, inf], got 0"),
+    (["default", "--port", "70000"], "argument --port: expected an integer within [1, 65535], got 70000"),
+    (["default", "--port", "0"], "argument --port: expected an integer within [1, 65535], got 0"),
+    (["default", "--host", ""], "argument --host: expected a host name or address, got ''"),
+    (["default", "--tool-timeout", "nan"], "argument --tool-timeout: expected a number > 0"),
+    (["default", "--tool-timeout", "0"], "argument --tool-timeout: expected a number > 0"),
+    (["default", "--user-url", "localhost:8000/v1"], "argument --user-url: expected an http(s)://host[:port]/... URL"),
+    (["", "--port", "8000"], "argument pack: expected a pack, got an empty string"),
+    (["default", "--host", "no-such-host.invalid"], "--host/--port: cannot listen on no-such-host.invalid:8000"),
 ])
 def test_openenv_serve_refuses_in_one_line(args, message):
     import subprocess

@@ -4,14 +4,14 @@ from __future__ import annotations
 import json
 import sys
 
-from tbhpc.cli.options import add_agent_flags, policy_options
+from tbhpc.cli.options import add_agent_flags, non_empty, policy_options
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("episode", help="run one episode and print its transcript and grade")
     p.set_defaults(func=run)
     p.add_argument("--task", required=True)
-    p.add_argument("--pack", default=None, help="pack file/dir, or tb:DIR (a ThinkingBox data checkout)")
+    p.add_argument("--pack", type=non_empty("a pack"), default=None, help="pack file/dir, or tb:DIR (a ThinkingBox data checkout)")
     p.add_argument("--servers", default=None, help="servers file for MCP tool servers (tb: sources)")
     add_agent_flags(p)
     p.add_argument("--format", choices=("text", "json"), default="text")

@@ -31,6 +31,10 @@ def run(args) -> int:
     if not cfg_file.exists():
         raise UserError(f"grad-noise: {cfg_file} not found (is {args.run} a training run?)")
     cfg = yaml.safe_load(cfg_file.read_text()) or {}
+    model_dir = str(args.model or cfg.get("model", ""))
+    from tbhpc.policy.hf import model_dir_problem
+    if problem := model_dir_problem(model_dir):
+        raise UserError(f"grad-noise: {'--model' if args.model else f'{cfg_file} field model'}: {problem}")
     steps = _step_list(args.steps)
     groups = informative_groups(args.run / "buffers", steps)
     if len(groups) < 2:
@@ -42,7 +46,6 @@ def run(args) -> int:
 
     from tbhpc.train.gradnoise import token_mask
     torch.set_num_threads(args.threads)
-    model_dir = str(args.model or cfg.get("model", ""))
     ids: list[int | None] = [None, None]
     if args.tokens in ("tool-calls", "text"):     # only these classes need the call markers' ids
         from transformers import AutoTokenizer

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tbhpc.cli.options import non_empty
 from tbhpc.outpaths import out_arg
 
 
@@ -12,7 +13,7 @@ def add_parser(sub) -> None:
     i.add_argument("files", type=Path, nargs="+")
     i.add_argument("--out", type=out_arg, required=True)
     i.add_argument("--campaign", help="campaign name (default: the first file's stem)")
-    i.add_argument("--policy-id", default="thinkingbox")
+    i.add_argument("--policy-id", type=non_empty("a policy id"), default="thinkingbox")
     i.add_argument("--lenient", action="store_true", help="convert values of the wrong type (e.g. \"yes\" for true, "
                    "a number as uid, negative tokens to 0) instead of stopping; the lines converted are counted")
 

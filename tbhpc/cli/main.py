@@ -12,7 +12,7 @@ import os
 import sys
 
 from tbhpc import interrupts
-from tbhpc.cli import (agg, demo, doctor, episode, export, grad_noise, import_tb, mcp_serve, merge, openenv_serve, plan,
+from tbhpc.cli import (agg, demo, doctor, episode, export, fields, grad_noise, import_tb, mcp_serve, merge, openenv_serve, plan,
                        probe, report, select, serve, serve_check, show, sql, status, submit, tasks, train, validate,
                        warmstart)
 from tbhpc.cli.failures import exit_code
@@ -20,7 +20,7 @@ from tbhpc.interrupts import EXIT_INTERRUPTED
 
 # The order `tbhpc --help` lists them in: the recipe's order, then tools around it.
 COMMANDS = (tasks, episode, probe, submit, status, merge, validate, agg, select, report, show, sql, export, import_tb,
-            serve, serve_check, train, plan, doctor, warmstart, grad_noise, openenv_serve, mcp_serve, demo)
+            serve, serve_check, train, plan, fields, doctor, warmstart, grad_noise, openenv_serve, mcp_serve, demo)
 
 
 class Parser(argparse.ArgumentParser):

@@ -13,8 +13,9 @@ def add_parser(sub) -> None:
     pl.add_argument("config", type=Path, help="YAML train config (see jobs/train-reference.yaml)")
     add_overrides(pl, help="e.g. model=DIR gpu_memory_gb=141 sp_size=8")
     pl.add_argument("--json", action="store_true", help="the plan as JSON")
-    pl.add_argument("--rates", type=Path, default=Path("jobs/plan/h100-27b.yaml"),
-                    help="scaling-model rates for the step time by max_staleness (a GPU config; skipped when absent)")
+    pl.add_argument("--rates", type=Path, default=None,
+                    help="scaling-model rates for the step time by max_staleness (default: jobs/plan/h100-27b.yaml when "
+                         "present; a GPU config)")
 
 
 def run(args) -> int:
@@ -25,9 +26,11 @@ def run(args) -> int:
     from tbhpc.plan.memory import plan
     from tbhpc.plan.render import render
     from tbhpc.train.config import TrainConfig
+    if args.rates is not None and not args.rates.is_file():
+        raise UserError(f"--rates: {args.rates} is not a file (a scaling-model rates file, e.g. jobs/plan/h100-27b.yaml)")
     cfg = load_config(TrainConfig, args.config, args.overrides)
     p = plan(cfg)
-    ahead = _staleness(cfg, args.rates)
+    ahead = _staleness(cfg, args.rates or DEFAULT_RATES)
     if args.json:
         print(json.dumps({**p.as_dict(), **({"staleness": vars(ahead)} if ahead else {})}, indent=1, default=str), flush=True)
     else:
@@ -36,6 +39,9 @@ def run(args) -> int:
     if not p.fits:
         raise UserError(f"{args.config}: {p.problem}")
     return 0
+
+
+DEFAULT_RATES = Path("jobs/plan/h100-27b.yaml")
 
 
 def _staleness(cfg, rates: Path):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tbhpc.cli.options import int_in
+from tbhpc.cli.options import int_in, non_empty
 from tbhpc.outpaths import out_arg
 from tbhpc.selection.bands import DEFAULT_KEEP
 
@@ -14,7 +14,7 @@ def add_parser(sub) -> None:
     s.add_argument("run", type=Path, help="probe run directory")
     s.add_argument("--out", type=out_arg, required=True, help="pool file to write (YAML)")
     s.add_argument("--force", action="store_true", help="replace a file that is not a pool written by select")
-    s.add_argument("--keep", default=",".join(DEFAULT_KEEP), help="bands to keep (comma-separated)")
+    s.add_argument("--keep", type=non_empty("band names"), default=",".join(DEFAULT_KEEP), help="bands to keep (comma-separated)")
     s.add_argument("--min-clean-runs", type=int_in(0), default=3)
     s.add_argument("--exclude", type=Path, action="append", default=[],
                    help="exclusion list (ids one per line); default: the probed pack's eval_ids.txt")

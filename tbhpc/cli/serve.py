@@ -11,12 +11,13 @@ import yaml
 
 from tbhpc.cli.options import add_overrides
 from tbhpc.errors import UserError
+from tbhpc.outpaths import out_arg
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve the policy with vLLM for a run: endpoint.json, weight syncs")
     p.set_defaults(func=run)
-    p.add_argument("run", type=Path, help="run directory (endpoint.json, checkpoints/, logs/ live there)")
+    p.add_argument("run", type=out_arg, help="run directory (endpoint.json, checkpoints/, logs/ live there)")
     p.add_argument("--config", type=Path, help="YAML serve config (see jobs/serve.yaml)")
     p.add_argument("--executor", choices=("local", "slurm"), default="local")
     p.add_argument("--dry-run", action="store_true", help="print what would run (sbatch script or vLLM command)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tbhpc.cli.options import float_in
+from tbhpc.cli.options import float_in, http_url
 from tbhpc.errors import UserError
 
 
@@ -12,7 +12,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("serve-check", help="verify a server computes the weights it claims (exact weight digests + fingerprint probe)")
     p.set_defaults(func=run)
     p.add_argument("run", nargs="?", type=Path, help="run directory of `tbhpc serve` (endpoint.json, checkpoint markers)")
-    p.add_argument("--url", help="a vLLM server you run yourself (http://host:port), instead of RUN")
+    p.add_argument("--url", type=http_url, help="a vLLM server you run yourself (http://host:port), instead of RUN")
     p.add_argument("--token-file", type=Path, help="with --url: a file holding the server's token (RUN: the run's own)")
     p.add_argument("--model", default="", help="served model name (default: the first of /v1/models)")
     p.add_argument("--checkpoint", type=Path,

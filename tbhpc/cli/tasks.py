@@ -22,7 +22,8 @@ def add_parser(sub) -> None:
         p.set_defaults(func=run)
         if name == "show":
             p.add_argument("task_id")
-        p.add_argument("pack", nargs="?", default=None, help="pack file or directory, or tb:DIR (default: bundled pack)")
+        p.add_argument("pack", nargs="?", type=non_empty("a pack"), default=None,
+                       help="pack file or directory, or tb:DIR (default: bundled pack)")
         p.add_argument("--format", choices=("table", "json"), default="table")
         if name == "validate":
             p.add_argument("--servers", default=None, help="tb: sources: also start each scenario's servers, check its "
@@ -37,7 +38,7 @@ def add_parser(sub) -> None:
     x.set_defaults(func=run)
     x.add_argument("--out", type=out_arg, required=True)
     x.add_argument("--force", action="store_true", help="write into a non-empty folder that is not a previous export")
-    x.add_argument("pack", nargs="?", default=None, help="pack file or directory (default: bundled pack)")
+    x.add_argument("pack", nargs="?", type=non_empty("a pack"), default=None, help="pack file or directory (default: bundled pack)")
     x.add_argument("--domain", action="append", default=[], help="only these domains (repeatable)")
     x.add_argument("--split", choices=("train", "eval", "all"), default="all")
     g = tsub.add_parser("generate", help="regenerate a bundled pack from its templates (or fresh instances: --seed)")
@@ -66,6 +67,10 @@ def run(args) -> int:
         pack = resolve_pack(args.pack)
         tasks = load_pack(pack)
         check_pack(pack, tasks)        # a broken task exported would be graded as a pass by the reference harness
+        unknown = sorted(set(args.domain) - {t.domain for t in tasks})
+        if unknown:
+            raise PackError(str(pack), f"--domain {unknown[0]!r}: no task of the pack is in it (its domains: "
+                                       f"{', '.join(sorted({t.domain for t in tasks}))})")
         tasks = [t for t in tasks if (not args.domain or t.domain in args.domain) and args.split in ("all", t.split)]
         if not tasks:
             raise PackError(str(pack), "no task matches --domain/--split")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tbhpc.cli.options import float_in, int_in
+from tbhpc.cli.options import float_in, int_in, non_empty, positive
 from tbhpc.errors import UserError
 from tbhpc.outpaths import out_arg
 
@@ -30,12 +30,12 @@ def add_parser(sub) -> None:
     w.add_argument("--augment", type=int_in(0), default=0, metavar="N",
                    help="also learn from N more generator seeds of the bundled templates (never an eval instance)")
     w.add_argument("--base", type=Path, help="start from this HF model (default: a new tiny Qwen3 model)")
-    w.add_argument("--pack", default=None)
+    w.add_argument("--pack", type=non_empty("a pack"), default=None)
     w.add_argument("--steps", type=int_in(1), default=150)
-    w.add_argument("--lr", type=float_in(0, 10), default=3e-3)
+    w.add_argument("--lr", type=positive(10), default=3e-3)
     w.add_argument("--batch-tokens", type=int_in(16), default=2048)
-    w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--max-seconds", type=float_in(0, 1e7), help="stop after this much fine-tuning time (a same-time baseline)")
+    w.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0)
+    w.add_argument("--max-seconds", type=positive(1e7), help="stop after this much fine-tuning time (a same-time baseline)")
     w.add_argument("--select", action="store_true",
                    help="stop where held-out pass@1 (fresh demo-pack instances, temperature 1) is inside --band with "
                         "no task type at 0%% or 100%% (tbhpc/train/warm_select.py); checked every --select-every steps")
@@ -61,6 +61,12 @@ def run(args) -> int:
             setattr(args, key, value)
     if bool(args.tasks) == bool(args.split):
         raise UserError("warmstart: give exactly one of --tasks FILE and --split NAME")
+    if args.select and args.band[0] > args.band[1]:
+        raise UserError(f"warmstart: --band LO HI needs LO <= HI, got {args.band[0]} {args.band[1]}")
+    if args.base:
+        from tbhpc.policy.hf import model_dir_problem
+        if problem := model_dir_problem(str(args.base)):
+            raise UserError(f"warmstart: --base: {problem}")
     from tbhpc.outpaths import check_output_folder
     check_output_folder(args.out, "model", force=args.force)
     tasks = select_tasks(args.pack, args.tasks, args.split or "all")

@@ -13,13 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING
 
+from tbhpc.env.domain_view import DomainView
 from tbhpc.env.state import State, canonical_state, state_hash
 from tbhpc.tasks.schema import Task
-
-if TYPE_CHECKING:   # a domain is handed in; this module needs none of domain.py's imports
-    from tbhpc.env.domain import Domain
 
 _GOLDEN_CACHE: dict[tuple[str, str, str], tuple[State, str]] = {}
 
@@ -29,7 +26,7 @@ def task_fingerprint(task: Task) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def golden_state(domain: Domain, task: Task) -> tuple[State, str]:
+def golden_state(domain: DomainView, task: Task) -> tuple[State, str]:
     key = (domain.name, task.id, task_fingerprint(task))
     hit = _GOLDEN_CACHE.get(key)
     if hit is not None:
@@ -47,7 +44,7 @@ def golden_state(domain: Domain, task: Task) -> tuple[State, str]:
     return result
 
 
-def initial_state(domain: Domain, task: Task) -> State:
+def initial_state(domain: DomainView, task: Task) -> State:
     backend = domain.backend(task)
     try:
         return canonical_state(backend)

@@ -6,20 +6,18 @@ final state, so both read the hash and diff from `tbhpc.env.state`.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tbhpc.env.domain_view import DomainView
 from tbhpc.env.golden import golden_state
 from tbhpc.env.session import StateCheck
 from tbhpc.env.state import canonical_state, diff_states, state_hash
 from tbhpc.env.tools import ToolResult
 from tbhpc.tasks.schema import Task
 
-if TYPE_CHECKING:   # the domain is handed in (Domain.open); importing it here would make a circle
-    from tbhpc.env.domain import Domain
-
 
 class LocalSession:
-    def __init__(self, domain: Domain, task: Task, tool_timeout_s: float):
+    def __init__(self, domain: DomainView, task: Task, tool_timeout_s: float):
         self.domain, self.task = domain, task
         self.backend = domain.backend(task)
         self.box = domain.toolbox(self.backend, tool_timeout_s)

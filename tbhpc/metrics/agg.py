@@ -131,9 +131,13 @@ def load_prices(path: Path | str) -> dict:
         doc = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise UserError(f"{path}: cannot read price table: {exc}") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{path}: expected a mapping of roles ({', '.join(ROLES)}) to prices, got {type(doc).__name__}")
     for role, table in doc.items():
         if role not in ROLES:
             raise UserError(f"{path}: unknown role {role!r} (known: {', '.join(ROLES)})")
+        if not isinstance(table or {}, dict):
+            raise UserError(f"{path}: {role}: expected a mapping of {', '.join(PRICE_KINDS)} to numbers, got {table!r}")
         for kind, value in (table or {}).items():
             if kind not in PRICE_KINDS or not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise UserError(f"{path}: {role}.{kind}: expected one of {', '.join(PRICE_KINDS)} with a number (USD per 1M tokens)")

@@ -40,7 +40,8 @@ def check_policy_options(name: str, options: dict[str, Any], where: str = "polic
     if not isinstance(options, dict):
         raise UserError(f"{where}: expected a mapping of {name} policy options, got {type(options).__name__}")
     cls = policy_class(name)
-    values = checked_values(option_fields(cls), options, {k: f"{where} ({name} policy)" for k in options})
+    values = checked_values(option_fields(cls), options, {k: f"{where} ({name} policy)" for k in options},
+                            kind=f"policy:{name}")
     if hasattr(cls, "check_ranges"):       # policies whose values have ranges say so without being built
         cls.check_ranges(values)
     return values
