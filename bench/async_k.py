@@ -247,7 +247,7 @@ def main() -> int:
 def _write(con: Console, rows: list[dict], predicted: dict, arms: list[int], out: Path) -> int:
     predicted["workloads"] = {w: {**v, "ratio_vs_k1": {int(k): r for k, r in v["ratio_vs_k1"].items()}}
                               for w, v in predicted["workloads"].items()}        # JSON keys are strings
-    provenance = (f"*Measured {predicted['written_at'][:10]} · local cluster (3 nodes on one machine) · "
+    provenance = (f"*Measured {predicted['written_at'][:10]} · local cluster (3 nodes on one machine), "
                   f"{predicted.get('cpu') or cpu_class()} · `bench/async_k.py --out {out.name}`*")
     table = provenance + "\n\n" + report(rows, predicted, arms, out)
     (out / "async_k.md").write_text(table + "\n")

