@@ -113,14 +113,15 @@ def test_a_stopped_and_resumed_off_policy_run_writes_the_rows_of_an_uninterrupte
 
 def test_the_scaling_model_calibrates_on_a_run_and_extrapolates(reference, tmp_path):
     """bench/scaling.py on this run's own files: a calibration file a user can re-use, the local
-    table, the reference's 3 x 8 and 64 x 8 table and the campaign table, and the plot."""
+    table, the reference's 3 x 8 and 64 x 8 table by max_staleness and the campaign table, and the plot."""
     out = tmp_path / "scaling"
     res = subprocess.run([sys.executable, "bench/scaling.py", "--runs", str(reference), "--calibrate", str(reference),
                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     md = (out / "scaling.md").read_text()
     assert f"| {reference.name} (calibration) | 1 |" in md
-    for row in ("| 3 x 8 | on-policy |", "| 3 x 8 | off-policy |", "| 64 x 8 | off-policy |", "| 507 | 64 | 8 | 20 |"):
+    for row in ("| 3 x 8 | 0 (on-policy) |", "| 3 x 8 | 1 (off-policy) |", "| 3 x 8 | 2 |", "| 64 x 8 | 1 (off-policy) |",
+                "| 507 | 64 | 8 | 20 |"):
         assert row in md, md
     import yaml
     cal = yaml.safe_load((out / "calibration.yaml").read_text())
