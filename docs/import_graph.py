@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("environments", ["env", "domains", "mcp", "openenv"]),
     ("analysis", ["metrics", "selection", "plan"]),
     ("policies and serving", ["policy", "agents", "serve", "rollout"]),
-    ("workloads and reports", ["campaign", "train", "report"]),
+    ("workloads and reports", ["campaign", "train", "report", "track"]),
     ("launch", ["launch"]),
     ("entry points", ["api", "demo", "doctor", "cli"]),
 ]

@@ -13,7 +13,7 @@
 set -euo pipefail
 PY=${PY:-python3}
 VENV=${VENV:-.venv}
-EXTRAS=${EXTRAS:-hf,test,mpi,gguf,train,bench,mcp,submitit,openenv,docs}
+EXTRAS=${EXTRAS:-hf,test,mpi,gguf,train,bench,mcp,submitit,openenv,docs,tracking}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --no-compile --upgrade pip
 "$VENV/bin/python" -m pip install -q --no-compile "torch==2.13.0"

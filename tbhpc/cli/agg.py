@@ -17,6 +17,8 @@ def add_parser(sub) -> None:
     a.add_argument("--prices", type=Path, help="YAML price table per role (USD per 1M tokens)")
     a.add_argument("--bootstrap", type=int_in(0, 1_000_000), default=1000, help="bootstrap replicates over tasks (0 = off)")
     a.add_argument("--allow-incomplete", action="store_true")
+    a.add_argument("--no-track", action="store_true",
+                   help="an export's eval (TRAIN_RUN/evals/step-N): do not log it to the training run's trackers")
 
 
 def run(args) -> int:
@@ -47,4 +49,7 @@ def run(args) -> int:
             console.print(render.comparison_markdown(cmp))
     for line in grading_notes(RunDir(args.run)):
         print(f"note: {line}", file=sys.stderr)
+    if not args.no_track:                 # an export's eval: beside the training curve, once (track/evals.py)
+        from tbhpc.track.evals import log_eval
+        log_eval(args.run, summary, lambda line: print(line, file=sys.stderr))
     return 0

@@ -13,14 +13,15 @@ import sys
 
 from tbhpc import interrupts
 from tbhpc.cli import (agg, demo, doctor, episode, export, fields, grad_noise, import_tb, mcp_serve, merge, openenv_serve, plan,
-                       probe, report, select, serve, serve_check, show, sql, status, submit, tasks, train, validate,
-                       warmstart)
+                       probe, report, select, serve, serve_check, show, sql, status, submit, tasks, tracker_sync, train,
+                       validate, warmstart)
 from tbhpc.cli.failures import exit_code
 from tbhpc.interrupts import EXIT_INTERRUPTED
 
 # The order `tbhpc --help` lists them in: the recipe's order, then tools around it.
 COMMANDS = (tasks, episode, probe, submit, status, merge, validate, agg, select, report, show, sql, export, import_tb,
-            serve, serve_check, train, plan, fields, doctor, warmstart, grad_noise, openenv_serve, mcp_serve, demo)
+            serve, serve_check, train, tracker_sync, plan, fields, doctor, warmstart, grad_noise, openenv_serve, mcp_serve,
+            demo)
 
 
 class Parser(argparse.ArgumentParser):

@@ -10,6 +10,8 @@ slow), is decided here once.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import threading
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from tbhpc.env.registry import Environments, preflight
 from tbhpc.openenv.launch import openenv_spec
 from tbhpc.store.run_dir import RunDir
 from tbhpc.tasks.select import select_tasks
+from tbhpc.track.run_trackers import start_trackers
 from tbhpc.train.config import TrainConfig
 from tbhpc.train.curriculum import Curriculum
 from tbhpc.train.draw import load_pool
@@ -75,7 +78,11 @@ def build_trainer(cfg: TrainConfig, run_path: Path, env: DistEnv | None = None, 
     else:
         weights = LocalWeights(policy, eng.tokenizer, run_path, cfg.model, batched=cfg.generator == "batched")
     guard = CollapseGuard(cfg.guard_length, cfg.guard_entropy, cfg.guard_window, cfg.guard_reference or None)
-    steplog = StepLog(run, cfg.tensorboard and rank0, log)
+    trackers = None
+    if rank0:
+        trackers = start_trackers(cfg.tracker_names(), run_path, cfg.tracker_project, cfg.tracker_tags,
+                                  json.loads(json.dumps(dataclasses.asdict(cfg), default=str)), log)
+    steplog = StepLog(run, trackers, log, cfg.tracker_samples_every, cfg.tracker_samples, cfg.tracker_timeout_s)
     return Trainer(cfg, env=env, eng=eng, run=run, store=store, watch=watch, envs=envs, ctx=ctx, weights=weights,
                    curriculum=curriculum, guard=guard, steplog=steplog, stop=stop, max_train_tokens=max_train_tokens,
                    log=log)

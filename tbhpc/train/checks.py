@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from tbhpc.errors import UserError
 from tbhpc.slurm_options import check_env
+from tbhpc.track.settings import check_trackers
 
 if TYPE_CHECKING:   # the config calls these from its own methods
     from tbhpc.train.config import TrainConfig
@@ -55,6 +56,10 @@ def check_fields(cfg: TrainConfig) -> None:
     if cfg.tis_cap is not None and not (_finite(cfg.tis_cap) and (cfg.tis_cap == 0 or cfg.tis_cap >= 1)):
         raise UserError(f"train config: field 'tis_cap' must be 0 (off), a number >= 1, or unset (2 from "
                         f"max_staleness 2), got {cfg.tis_cap!r}")
+    check_trackers(cfg.trackers, "train config")
+    for name in ("tracker_samples_every", "tracker_samples"):
+        if getattr(cfg, name) < 0:
+            raise UserError(f"train config: field {name!r} must be >= 0, got {getattr(cfg, name)!r}")
     if cfg.generator not in ("server", "local", "batched"):
         raise UserError(f"train config: field 'generator' must be server, local or batched, got {cfg.generator!r}")
     if cfg.dtype not in ("auto", "fp32", "bf16"):
@@ -90,6 +95,7 @@ def check_fields(cfg: TrainConfig) -> None:
                            ("sync_join_timeout_s", lambda v: v > 0, "> 0"), ("sync_bucket_mb", lambda v: v >= 1, ">= 1"),
                            ("max_seconds", lambda v: v >= 0, ">= 0 (0: no budget)"),
                            ("request_floor_tokens_per_s", lambda v: v > 0, "> 0"),
+                           ("tracker_timeout_s", lambda v: v > 0, "> 0"),
                            ("collective_timeout_s", lambda v: v >= 0, ">= 0 (0: from request_timeout_s)")):
         v = getattr(cfg, name)
         if not (_finite(v) and ok(v)):

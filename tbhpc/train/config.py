@@ -138,7 +138,15 @@ class TrainConfig:
     # (the process group's timeout); a peer whose heartbeat stops ends the run within min(this, 120 s).
     # 0: twice request_timeout_s, at least 1,800 s
     collective_timeout_s: float = 0.0
-    tensorboard: bool = False             # scalars to RUN/tensorboard as well
+    tensorboard: bool = False             # scalars to RUN/tensorboard as well (the same as tensorboard in trackers)
+    # where the step rows also go, from rank 0 (results.duckdb stays the record): any of tensorboard, trackio,
+    # wandb, mlflow; offline in RUN/trackers wherever they must be (docs/guides/trackers.md)
+    trackers: list[str] = field(default_factory=list)
+    tracker_project: str = "tbhpc"        # the wandb / trackio project, the MLflow experiment
+    tracker_tags: list[str] = field(default_factory=list)   # tags on the tracker run
+    tracker_samples_every: int = 10       # every N steps a table of a few of the step's episodes (0: none)
+    tracker_samples: int = 4              # episodes in that table (task, reward, the transcript `tbhpc show` prints)
+    tracker_timeout_s: float = 60.0       # the end of the run waits this long for the trackers to finish writing
     # how `tbhpc submit train` launches it
     nodes: int = 1
     gpus_per_node: int = 0                # 0: CPU nodes, one rank per node
@@ -152,6 +160,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)          # every field's range, as the config is built (train/checks.py)
+
+    def tracker_names(self) -> list[str]:
+        """The trackers this run logs to (`tensorboard: true` is one of them)."""
+        return self.trackers + (["tensorboard"] if self.tensorboard and "tensorboard" not in self.trackers else [])
 
     def in_flight_per_rank(self, ranks: int) -> int:
         """Episodes one of `ranks` trainer ranks keeps in flight: its share of the run's total (fewer

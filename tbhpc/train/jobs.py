@@ -5,6 +5,7 @@ evaluations of exports submitted beside it. Kept out of the step loop (loop.py),
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import threading
@@ -103,14 +104,17 @@ def start_export_eval(cfg: TrainConfig, run_path: Path, step: int, export: Path)
     args = ["--config", cfg.export_eval, "--out", str(out), "policy=tokens",
             f"policy_opts={{generator: local, model_path: {export}, max_tokens: {cfg.max_tokens}, "
             f"response_budget: {cfg.response_budget}}}", *cfg.export_eval_overrides]
-    if os.environ.get("SLURM_JOB_ID"):
+    if os.environ.get("SLURM_JOB_ID"):              # the pipeline's last stage is `tbhpc agg`
         cmd = [sys.executable, "-m", "tbhpc.cli", "submit", "eval", *args]
-    else:
-        cmd = [sys.executable, "-m", "tbhpc.cli", "eval", *args]
+    else:                                           # its agg logs the eval to the run's trackers
+        cli = [sys.executable, "-m", "tbhpc.cli"]
+        cmd = ["sh", "-c", f"{shlex.join([*cli, 'eval', *args])} && "
+                           f"{shlex.join([*cli, 'agg', str(out), '--format', 'md'])} > {shlex.quote(str(out / 'summary.md'))}"]
     log = run_path / "logs" / f"eval-{version_name(step)}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}   # wandb's helper of this process, not the eval's
     with open(log, "w") as fh:
-        subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     return f"train: evaluating {export.name} in {out} ({'submitted' if os.environ.get('SLURM_JOB_ID') else 'local'}; log {log})"
 
 

@@ -35,7 +35,8 @@ from tbhpc.train.config import TrainConfig
 # fields that say how a run executes, not what it learns: they may change when a run resumes
 EXECUTION_FIELDS = ("steps", "max_seconds", "episodes_in_flight", "microbatch_tokens", "torch_threads", "checkpoint_every",
                     "keep_checkpoints", "keep_published", "export_every", "export_eval", "export_eval_overrides",
-                    "sync_timeout_s", "tensorboard", "nodes", "gpus_per_node", "serve_config", "serve", "slurm",
+                    "sync_timeout_s", "tensorboard", "trackers", "tracker_project", "tracker_tags",
+                    "tracker_samples_every", "tracker_samples", "tracker_timeout_s", "nodes", "gpus_per_node", "serve_config", "serve", "slurm",
                     "logprob_chunk", "sp_size", "tiled_mlp", "checkpoint_offload", "offload_optimizer", "offload_params",
                     "gpu_memory_gb", "host_memory_gb", "env", "collective_timeout_s", "request_floor_tokens_per_s",
                     "sync_transport", "sync_join_timeout_s", "sync_bucket_mb", "openenv", "lora_sync", "export_merged")

@@ -2,7 +2,7 @@
 results.duckdb, printed and plotted (`StepLog`, rank 0).
 
 Why apart from the loop: the loop decides what a step does; what is written about it (the
-train_steps row, the attempts merged in after it, the console line, the TensorBoard scalars)
+train_steps row, the attempts merged in after it, the console line, the trackers' scalars)
 is the run record's business (record.py holds the tables).
 """
 from __future__ import annotations
@@ -10,9 +10,10 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 
-from tbhpc.errors import UserError
 from tbhpc.store.merge import merge
 from tbhpc.store.run_dir import RunDir
+from tbhpc.track.fanout import Trackers
+from tbhpc.track.samples import COLUMNS, step_samples
 from tbhpc.train.config import TrainConfig
 from tbhpc.train.queue import DROPPED, FLAT, MIXED
 from tbhpc.train.record import record_step, step_line, version_of
@@ -84,31 +85,31 @@ def staleness_columns(split: list[list[float]]) -> dict:
 
 class StepLog:
     """Rank 0's account of each step: the train_steps row (logs/train_steps.jsonl and results.duckdb),
-    the step's attempt shards merged into results.duckdb, the console line, and with `tensorboard`
-    the row's numbers as scalars in RUN/tensorboard."""
+    the step's attempt shards merged into results.duckdb, the console line, and the row's numbers to
+    the run's trackers (with, every `samples_every` steps, a table of a few of the step's episodes)."""
 
-    def __init__(self, run: RunDir, tensorboard: bool, log=print):
-        self.run, self.log = run, log
-        self.tb = _tensorboard(run) if tensorboard else None
+    def __init__(self, run: RunDir, trackers: Trackers | None = None, log=print, samples_every: int = 0,
+                 samples: int = 0, timeout_s: float = 60.0):
+        self.run, self.trackers, self.log = run, trackers, log
+        self.samples_every, self.samples, self.timeout_s = samples_every, samples, timeout_s
 
     def write(self, row: dict) -> None:
         record_step(self.run, row)
         merge(self.run)
         self.log(step_line(row))
-        if self.tb is not None:
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self.tb.add_scalar(f"train/{k}", v, row["step"])
-            self.tb.flush()
+        if self.trackers is None:
+            return
+        step = row["step"]
+        self.trackers.scalars(step, row_scalars(row))
+        if self.samples_every and self.samples and step % self.samples_every == 0:
+            self.trackers.table(step, "samples", COLUMNS, step_samples(self.run.path, step, self.samples))
 
     def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+        if self.trackers is not None:
+            self.trackers.close(self.timeout_s)
 
 
-def _tensorboard(run: RunDir):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise UserError(f"train config: tensorboard=true needs the tensorboard package ({exc})") from None
-    return SummaryWriter(str(run.path / "tensorboard"))
+def row_scalars(row: dict) -> dict[str, float]:
+    """What a tracker gets of a train_steps row: its numbers, each under train/<column> (nothing the
+    table lacks; text, times and lists stay in results.duckdb)."""
+    return {f"train/{k}": v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
