@@ -44,9 +44,10 @@ def wait_up(url: str, timeout_s: float = 60) -> None:
     raise SystemExit(f"trackio's dashboard did not answer at {url} in {timeout_s:g} s")
 
 
-def shoot(url: str, out: Path, settle_s: float) -> None:
+def shoot(url: str, out: Path, settle_s: float, metrics: str) -> None:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
     opts = webdriver.ChromeOptions()
     opts.binary_location = shutil.which("chromium")
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,900",
@@ -56,6 +57,10 @@ def shoot(url: str, out: Path, settle_s: float) -> None:
     try:
         drv.get(url)
         time.sleep(settle_s)             # the plots draw after the page's scripts fetch the metrics
+        if metrics:                      # the dashboard's own metric filter (a regex)
+            box = drv.find_element(By.CSS_SELECTOR, "input[placeholder^='e.g., loss']")
+            box.send_keys(metrics)
+            time.sleep(settle_s)
         drv.save_screenshot(str(out))
     finally:
         drv.quit()
@@ -66,6 +71,8 @@ def main() -> None:
     ap.add_argument("run", type=Path)
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "trackio.png")
     ap.add_argument("--settle", type=float, default=8.0, help="seconds the page gets to draw")
+    ap.add_argument("--metrics", default="reward_mean|loss$|grad_norm|policy_entropy|mixed_share|step_s",
+                    help="the dashboard's metric filter (a regex; empty: every metric)")
     args = ap.parse_args()
     record = json.loads((args.run / "trackers" / "run.json").read_text())
     trackio_dir = Path(record["env"].get("TRACKIO_DIR", args.run / "trackers" / "trackio"))
@@ -74,7 +81,7 @@ def main() -> None:
     try:
         url = f"http://127.0.0.1:{port}/"
         wait_up(url)
-        shoot(f"{url}?project={record['project']}", args.out, args.settle)
+        shoot(f"{url}?project={record['project']}", args.out, args.settle, args.metrics)
     finally:
         server.terminate()
         server.wait(10)

@@ -176,3 +176,45 @@ def warm_rank_rollouts(warm_dir, ids: list[str], tasks: dict, env_of):
                          max_reruns=1, episodes_in_flight=2)
     outcomes = run_rank_rollouts(ctx, DrawQueue(make_store(0, 1), step=1, need=1, cap=2), step=1, expected_version=0)
     return tok, [r for g in outcomes for r in g.rollouts]
+
+
+def tracker_env(**extra) -> dict:
+    """The caller's environment without its tracker variables and W&B key: every decision is tbhpc's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_", "TRACKIO_"))
+           and k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID")}
+    return {**env, "OMP_NUM_THREADS": "1", "NETRC": "/nonexistent", **extra}
+
+
+def step_scalars(run: Path) -> dict[int, dict]:
+    """train_steps' numbers, as a tracker must hold them: train/<column> for every numeric value."""
+    con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
+    cur = con.execute("SELECT * FROM train_steps ORDER BY step")
+    names = [d[0] for d in cur.description]
+    rows = [dict(zip(names, r)) for r in cur.fetchall()]
+    con.close()
+    return {r["step"]: {f"train/{k}": v for k, v in r.items()
+                        if isinstance(v, (int, float)) and not isinstance(v, bool)} for r in rows}
+
+
+def trackio_record(trackio_dir: Path, project: str) -> dict:
+    """trackio's own reader (its Api and SQLite storage) in a fresh process: runs, logs, config."""
+    import json
+    import subprocess
+    import sys
+    code = ("import json, trackio; from trackio.sqlite_storage import SQLiteStorage as S; "
+            f"runs = trackio.Api().runs({project!r}); names = [r.name for r in runs]; "
+            f"print(json.dumps({{'runs': names, 'logs': S.get_logs({project!r}, names[0]) if names else [], "
+            "'config': runs[0].config if names else None}))")
+    out = subprocess.run([sys.executable, "-c", code], env=tracker_env(TRACKIO_DIR=str(trackio_dir)),
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.splitlines()[-1])
+
+
+def wandb_records(offline_dir: Path) -> list[dict]:
+    """An offline wandb run's records, read by `wandb leet inspect --json` (wandb's own reader)."""
+    import json
+    import subprocess
+    import sys
+    res = subprocess.run([str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", str(offline_dir)],
+                         capture_output=True, text=True, check=True, env=tracker_env())
+    return [json.loads(line) for line in res.stdout.splitlines()]

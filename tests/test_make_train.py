@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from helpers import eval_export, token_leaks
+from helpers import eval_export, step_scalars, token_leaks, trackio_record, wandb_records
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -51,6 +51,19 @@ def test_make_train_runs_on_policy_grpo_with_every_step_sampled_by_the_previous_
     assert all(p["bytes"] > 0 and p["write_s"] >= 0 and p["digest_s"] >= 0 for p in pubs), pubs
     # the run's server token: private, and nowhere else in the run (logs, scripts, DuckDB, HDF5, checkpoints)
     assert (run / "server.token").stat().st_mode & 0o777 == 0o600 and token_leaks(run) == []
+    # trackers: [trackio, wandb] (jobs/train.yaml): both records complete, read by each tracker's own reader;
+    # wandb offline because the trainer runs under Slurm
+    want = step_scalars(run)
+    doc = trackio_record(run / "trackers" / "trackio", "tbhpc")
+    got = {r["step"]: {k: v for k, v in r.items() if k.startswith("train/")} for r in doc["logs"] if "samples" not in r}
+    assert doc["runs"] == ["run"] and got == want, (doc["runs"], sorted(got))
+    assert [r["step"] for r in doc["logs"] if "samples" in r] == [2]      # tracker_samples_every: 2
+    (offline,) = list((run / "trackers" / "wandb").glob("offline-run-*"))
+    hist = {r["history"]["item"]["_step"]: {k: v for k, v in r["history"]["item"].items() if k.startswith("train/")}
+            for r in wandb_records(offline) if r["type"] == "history" and "samples" not in r["history"]["item"]}
+    assert hist == want, sorted(hist)
+    log = next((run / "logs" / "slurm").glob("tbhpc-train-*.out")).read_text()
+    assert "tracker wandb: offline (under Slurm); upload later: tbhpc tracker-sync" in log
 
 
 def test_make_train_runs_k_2_asynchronous_grpo_on_the_cluster_with_episodes_across_syncs(tmp_path):

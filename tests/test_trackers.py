@@ -20,6 +20,8 @@ import duckdb
 import psutil
 import pytest
 
+from helpers import step_scalars, tracker_env, trackio_record, wandb_records
+
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 TRACKERS = ["trackio", "wandb", "mlflow", "tensorboard"]
@@ -29,13 +31,6 @@ RUN = ["generator=local", "steps=3", "group_size=4", "groups_per_step=2", "max_d
 POOL = "tasks: [consulting-leave_balance-001, consulting-leave_balance-002]\n"
 EVAL = ["export_every=2", "export_eval=jobs/eval.yaml",
         "export_eval_overrides=[tasks=jobs/pools/smoke.yaml, limit=1, repeats=2, workers=1]"]
-
-
-def _env(**extra) -> dict:
-    """No tracker variable of the caller's and no W&B key: every decision is tbhpc's default."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_", "TRACKIO_"))
-           and k not in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID")}
-    return {**env, "OMP_NUM_THREADS": "1", "NETRC": "/nonexistent", **extra}
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +44,7 @@ def tracked(warm_dir, tmp_path_factory):
     # every connect(2) of the trainer and of everything it starts (wandb's service, the detached evals)
     res = subprocess.run(["strace", "-f", "--seccomp-bpf", "-qq", "-s", "48", "-e", "trace=connect,sendto", "-o", str(trace),
                           *cmd],
-                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=900)
+                         cwd=REPO, env=tracker_env(), capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     deadline = time.monotonic() + 300                 # the evals run detached; their agg logs them
     while not all((run / "evals" / f"step-00000{s}" / "tracked.json").exists() for s in (2, 3)):
@@ -64,17 +59,6 @@ def tracked(warm_dir, tmp_path_factory):
 def _tracees_alive(trace: Path) -> bool:
     return any(p.info["cmdline"] and str(trace) in " ".join(p.info["cmdline"])
                for p in psutil.process_iter(["cmdline"]))
-
-
-def _steps(run: Path) -> dict[int, dict]:
-    """train_steps' numbers, as a tracker must hold them: train/<column> for every numeric value."""
-    con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
-    cur = con.execute("SELECT * FROM train_steps ORDER BY step")
-    names = [d[0] for d in cur.description]
-    rows = [dict(zip(names, r)) for r in cur.fetchall()]
-    con.close()
-    return {r["step"]: {f"train/{k}": v for k, v in r.items()
-                        if isinstance(v, (int, float)) and not isinstance(v, bool)} for r in rows}
 
 
 def _eval_summary(run: Path, step: int) -> dict:
@@ -107,7 +91,7 @@ def _split(records: list[tuple[int, dict]]) -> tuple[dict, dict]:
 
 def _check(name: str, records: list[tuple[int, dict]], run: Path, approx: float = 0.0) -> None:
     train, evals = _split(records)
-    want = _steps(run)
+    want = step_scalars(run)
     assert sorted(train) == [1, 2, 3], (name, sorted(train))
     for step, values in want.items():
         assert set(train[step]) == set(values), (name, step, set(train[step]) ^ set(values))
@@ -120,12 +104,7 @@ def _check(name: str, records: list[tuple[int, dict]], run: Path, approx: float 
 
 def test_trackio_holds_exactly_the_step_rows_and_the_evals(tracked):
     run, _, _ = tracked
-    code = ("import json, sys, trackio; from trackio.sqlite_storage import SQLiteStorage as S; "
-            "runs = [r.name for r in trackio.Api().runs('tracked')]; "
-            "print(json.dumps({'runs': runs, 'logs': S.get_logs('tracked', runs[0]), 'config': trackio.Api().runs('tracked')[0].config}))")
-    out = subprocess.run([sys.executable, "-c", code], env=_env(TRACKIO_DIR=str(run / "trackers" / "trackio")),
-                         capture_output=True, text=True, check=True).stdout
-    doc = json.loads(out.splitlines()[-1])
+    doc = trackio_record(run / "trackers" / "trackio", "tracked")
     assert doc["runs"] == ["run"] and doc["config"]["steps"] == 3
     _check("trackio", [(r["step"], r) for r in doc["logs"] if "samples" not in r], run)
     tables = [r for r in doc["logs"] if "samples" in r]
@@ -151,10 +130,7 @@ def test_wandb_offline_run_holds_exactly_the_step_rows_and_the_evals(tracked):
     assert len(dirs) == 3 and len(ids) == 1, dirs     # the training run and two evals, one wandb run
     records, config = [], None
     for d in dirs:
-        res = subprocess.run([str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--json", str(d)],
-                             capture_output=True, text=True, check=True, env=_env())
-        for line in res.stdout.splitlines():
-            rec = json.loads(line)
+        for rec in wandb_records(d):
             if rec["type"] == "history":
                 item = rec["history"]["item"]
                 records.append((item.get("_step"), item))
@@ -178,7 +154,7 @@ def test_mlflow_store_holds_exactly_the_step_rows_and_the_evals(tracked):
             "p = c.download_artifacts(sys.argv[2], 'samples/step-000002.json', sys.argv[3]); "
             "print(json.dumps({'hist': hist, 'params': r.data.params, 'status': r.info.status, 'name': r.info.run_name, "
             "'table': json.load(open(p))}))")
-    res = subprocess.run([sys.executable, "-c", code, ids["uri"], ids["run_id"], str(run.parent)], env=_env(),
+    res = subprocess.run([sys.executable, "-c", code, ids["uri"], ids["run_id"], str(run.parent)], env=tracker_env(),
                          capture_output=True, text=True, check=True)
     doc = json.loads(res.stdout.splitlines()[-1])
     assert doc["name"] == "run" and doc["status"] == "FINISHED" and doc["params"]["steps"] == "3"
@@ -226,14 +202,14 @@ def test_tracker_sync_plans_each_upload_and_copies_the_mlflow_run(tracked, tmp_p
     """From a login node: --dry-run says what each tracker would do; wandb without a key is one
     error line; the MLflow run copied into another store holds every metric's whole history."""
     run, _, _ = tracked
-    dry = subprocess.run([sys.executable, "-m", "tbhpc.cli", "tracker-sync", str(run), "--dry-run"], cwd=REPO, env=_env(),
+    dry = subprocess.run([sys.executable, "-m", "tbhpc.cli", "tracker-sync", str(run), "--dry-run"], cwd=REPO, env=tracker_env(),
                          capture_output=True, text=True, timeout=120)
     assert dry.returncode == 0, dry.stderr
     assert "would run: wandb: wandb sync of 3 offline records (run tracked/run)" in dry.stdout
     assert "--trackio-space USER/SPACE" in dry.stdout and "--mlflow-uri URI" in dry.stdout
     target = f"sqlite:///{tmp_path / 'server.db'}"
     res = subprocess.run([sys.executable, "-m", "tbhpc.cli", "tracker-sync", str(run), "--mlflow-uri", target],
-                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+                         cwd=REPO, env=tracker_env(), capture_output=True, text=True, timeout=300)
     assert res.returncode == 1, res.stdout + res.stderr      # wandb: no key here
     errors = [line for line in res.stdout.splitlines() if line.startswith("tbhpc: error:")]
     assert len(errors) == 1 and "wandb" in errors[0] and "wandb login" in errors[0], res.stdout
@@ -243,7 +219,7 @@ def test_tracker_sync_plans_each_upload_and_copies_the_mlflow_run(tracked, tmp_p
             "h = lambda c, r: {k: sorted((m.step, m.value) for m in c.get_metric_history(r, k)) for k in c.get_run(r).data.metrics}; "
             "print(json.dumps([h(C(sys.argv[1]), sys.argv[2]), h(C(sys.argv[3]), sys.argv[4]), "
             "C(sys.argv[3]).get_run(sys.argv[4]).info.run_name]))")
-    out = subprocess.run([sys.executable, "-c", code, ids["uri"], ids["run_id"], target, new], env=_env(),
+    out = subprocess.run([sys.executable, "-c", code, ids["uri"], ids["run_id"], target, new], env=tracker_env(),
                          capture_output=True, text=True, check=True).stdout
     src, dst, name = json.loads(out.splitlines()[-1])
     assert src == dst and name == "run" and len(src["train/loss"]) == 3
@@ -252,7 +228,7 @@ def test_tracker_sync_plans_each_upload_and_copies_the_mlflow_run(tracked, tmp_p
 def test_an_unknown_or_missing_tracker_is_refused_before_the_run_directory_exists(tmp_path, warm_dir):
     run = tmp_path / "run"
     res = subprocess.run([sys.executable, "-m", "tbhpc.cli", "train", str(run), f"model={warm_dir}", "trackers=[wandbb]"],
-                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+                         cwd=REPO, env=tracker_env(), capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and not run.exists(), res.stderr
     assert res.stderr.strip().count("\n") == 0 and "unknown tracker 'wandbb'; did you mean 'wandb'?" in res.stderr
     # an environment without the tracking extra (the OpenEnv server's: tbhpc without trackio)
@@ -260,7 +236,7 @@ def test_an_unknown_or_missing_tracker_is_refused_before_the_run_directory_exist
     if not Path(other).exists():
         pytest.skip("no .venv-openenv (make env-openenv): no environment without trackio to try")
     res = subprocess.run([other, "-m", "tbhpc.cli", "train", str(run), f"model={warm_dir}", "trackers=[trackio]"],
-                         cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+                         cwd=REPO, env=tracker_env(), capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and not run.exists(), res.stderr
     assert "trackio is not installed here (pip install 'tbhpc[tracking]'" in res.stderr, res.stderr
 
@@ -290,7 +266,7 @@ def test_trackers_failing_mid_run_cost_one_warning_each_and_no_step(warm_dir, tm
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(16)
-    env = _env(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{silent.getsockname()[1]}", MLFLOW_HTTP_REQUEST_TIMEOUT="600")
+    env = tracker_env(MLFLOW_TRACKING_URI=f"http://127.0.0.1:{silent.getsockname()[1]}", MLFLOW_HTTP_REQUEST_TIMEOUT="600")
     cmd = [sys.executable, "-m", "tbhpc.cli", "train", str(run), f"model={warm_dir}", f"pool={tmp_path / 'pool.yaml'}",
            *RUN, "trackers=[trackio, wandb, mlflow]", "tracker_timeout_s=5", "tracker_samples_every=0"]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -323,6 +299,6 @@ def test_trackers_failing_mid_run_cost_one_warning_each_and_no_step(warm_dir, tm
     con.close()
     code = ("import json, sys; from trackio.sqlite_storage import SQLiteStorage as S; "
             "print(json.dumps(sorted({r['step'] for r in S.get_logs('tbhpc', 'run')})))")
-    steps = subprocess.run([sys.executable, "-c", code], env=_env(TRACKIO_DIR=str(trackio_dir)),
+    steps = subprocess.run([sys.executable, "-c", code], env=tracker_env(TRACKIO_DIR=str(trackio_dir)),
                            capture_output=True, text=True, check=True).stdout
     assert json.loads(steps.splitlines()[-1]) == [1]     # what it held before its directory went read-only
