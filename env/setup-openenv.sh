@@ -9,5 +9,5 @@ PY=${PY:-python3}
 VENV=${VENV:-.venv-openenv}
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --no-compile --upgrade pip
-"$VENV/bin/python" -m pip install -q --no-compile -e ".[openenv-server]"
+"$VENV/bin/python" -m pip install -q --no-compile -c env/locks/openenv.txt -e ".[openenv-server]"   # every version from `make lock`
 "$VENV/bin/python" -c "import importlib.metadata as m, tbhpc.openenv.server; print('tbhpc OpenEnv env ready: openenv', m.version('openenv'), 'mcp', m.version('mcp'))"

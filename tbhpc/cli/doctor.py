@@ -13,6 +13,8 @@ def add_parser(sub) -> None:
                                        "nvcc, Slurm) and one line per thing that would stop the training config given")
     dr.set_defaults(func=run)
     dr.add_argument("config", type=Path, nargs="?", help="a YAML train config to check against this node")
+    dr.add_argument("--lock", type=Path, help="compare the installed packages with this lock (default: "
+                    "env/locks/trainer-cpu.txt or trainer-cuda.txt, by the torch build)")
     add_overrides(dr)
 
 
@@ -28,7 +30,10 @@ def run(args) -> int:
         if cfg.generator == "server":
             from tbhpc.launch.train import serve_config_for
             serve = serve_config_for(cfg)
-    node = probe(serve.python if serve is not None else None)
+    if args.lock is not None and not args.lock.is_file():
+        from tbhpc.errors import UserError
+        raise UserError(f"--lock: no such file: {args.lock}")
+    node = probe(serve.python if serve is not None else None, str(args.lock) if args.lock else None)
     if cfg is not None:
         from tbhpc.plan.memory import plan, plannable
         if plannable(cfg.model):      # on a GPU node, with the attention kernel the trainer will get there
