@@ -79,8 +79,8 @@ KERNELS_AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INST
 # is built three at a time (the vLLM environment and the browser beside the trainer's environment and
 # the warm start: about a minute less on a fresh clone); the OpenEnv environment waits for .venv, since
 # both install this project in place. Three test workers on two cores: many tests wait (on Slurm, on a
-# server starting), and three keep both cores busy (96% against ~60% with two: 25 min instead of 29;
-# docs/measurements/cpu-classes.md).
+# server starting); three kept the cores 96% busy against 87% with two, 1,465 s against 1,504 s for
+# the same commit, within the run-to-run spread (docs/measurements/cpu-classes.md).
 test:
 	$(PY) -m tbhpc.envlock --check
 	$(MAKE) -j3 env env-vllm env-openenv browser $(WARM)/config.json
