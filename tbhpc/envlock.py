@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -142,7 +143,6 @@ def compile_lock(env: LockedEnv, repo: Path = REPO, find_links: str = "", uv: st
 
 
 def _uv_env() -> dict:
-    import os
     return {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
 
 

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Callable
 
+from tbhpc.track.run_trackers import reopen_trackers
 from tbhpc.track.settings import trackers_dir
 
 MARKER = "tracked.json"
@@ -46,7 +47,6 @@ def training_run_of(eval_dir: Path) -> tuple[Path, int] | None:
 
 def log_eval(eval_dir: Path, summary: dict, log: Callable[[str], None]) -> bool:
     """Log `summary` to the trackers of the run `eval_dir` belongs to, unless done before. True when logged."""
-    from tbhpc.track.run_trackers import reopen_trackers
     found = training_run_of(eval_dir)
     if found is None or (eval_dir / MARKER).exists():
         return False
