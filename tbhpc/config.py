@@ -43,15 +43,24 @@ def load_config(cls: type[T], path: Path | str | None = None, overrides: list[st
     origin.update({key: f"argument {key}={value!r}" for key, value in (updates or {}).items()})
     for item in overrides or []:
         key, value = key_value(item)
-        if "." in key:       # section.field=value: one field of a nested section (train.lr=1e-4)
-            section, sub = key.split(".", 1)
-            nested = values.get(section)
-            values[section] = {**(nested if isinstance(nested, dict) else {}), sub: value}
-            key = section
+        if "." in key:       # section.field=value: one field of a nested section (slurm.container.image=...)
+            set_path(values, key.split("."), value)
+            key = key.split(".", 1)[0]
         else:
             values[key] = value
         origin[key] = f"override {item!r}"
     return from_dict(cls, values, origin)
+
+
+def set_path(values: dict[str, Any], parts: list[str], value: Any) -> None:
+    """values[a][b][c] = value for parts [a, b, c], keeping the other fields of each section."""
+    head, rest = parts[0], parts[1:]
+    if not rest:
+        values[head] = value
+        return
+    nested = values.get(head)
+    values[head] = dict(nested) if isinstance(nested, dict) else {}
+    set_path(values[head], rest, value)
 
 
 def merge_sections(cls: type, values: dict[str, Any], updates: dict[str, Any]) -> dict[str, Any]:

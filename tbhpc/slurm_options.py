@@ -18,6 +18,11 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # sbatch --time: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or no limit
 _TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d{1,2}|\d+-\d{1,2}:\d{1,2}|\d+-\d{1,2}:\d{1,2}:\d{1,2})$")
 _MEM = re.compile(r"^\d+[KMGT]?$", re.IGNORECASE)     # sbatch --mem: megabytes, or a K/M/G/T suffix
+RUNTIMES = ("pyxis", "apptainer", "charliecloud")
+# Work in a container cannot reach scontrol: the job's script exports REQUEUE_ENV, and an array task
+# exits with its value (a trainer leaves its marker) to have the script requeue the job.
+REQUEUE_ENV, REQUEUE_EXIT = "TBHPC_REQUEUE_EXIT", 75      # 75: EX_TEMPFAIL
+MOUNT_FLAGS = {"pyxis": {"ro", "rw"}, "apptainer": {"ro", "rw"}, "charliecloud": set()}
 
 
 def check_slurm_time(value, where: str) -> None:
@@ -47,6 +52,53 @@ def check_env(env, where: str) -> dict[str, str]:
 
 
 @dataclass
+class ContainerOptions:
+    """The container every script of a job runs its work in (launch/container.py renders it).
+
+    pyxis: enroot images through srun's --container-* flags (an enroot URI such as
+    nvcr.io#nvidia/pytorch:25.01-py3, or a .sqsh path); apptainer: a .sif run by `apptainer exec`;
+    charliecloud: an image directory run by `ch-run`. The job's working directory and the run
+    directory are mounted at their own paths whatever `mounts` says."""
+
+    runtime: str | None = None          # pyxis | apptainer | charliecloud; None: no container
+    image: str = ""                     # what the runtime runs (URI, .sqsh, .sif or image directory)
+    mounts: list[str] = field(default_factory=list)   # SRC[:DST[:ro]]: host paths the job sees inside
+    env: dict[str, str] = field(default_factory=dict)  # exported for the job; wins over the image's own values
+    python: str | None = None           # the interpreter inside the image; None: slurm.python (a bound-in environment)
+
+    def __post_init__(self) -> None:
+        where = "slurm option 'container'"
+        if self.runtime is None:
+            if self.image or self.mounts or self.env or self.python:
+                raise UserError(f"{where}: 'runtime' is missing (choose {', '.join(RUNTIMES)}); without it nothing runs in a container")
+            return
+        if self.runtime not in RUNTIMES:
+            raise UserError(f"{where}: field 'runtime': {self.runtime!r} is not one of {', '.join(RUNTIMES)}")
+        if not isinstance(self.image, str) or not self.image.strip():
+            raise UserError(f"{where}: field 'image' is empty: name the image {self.runtime} runs")
+        for mount in self.mounts:
+            check_mount(mount, self.runtime, f"{where}: field 'mounts'")
+        self.env = check_env(self.env, f"{where}: field 'env'")
+        if self.python is not None and not self.python.startswith("/"):
+            raise UserError(f"{where}: field 'python': {self.python!r} is not an absolute path inside the image")
+
+
+def check_mount(mount, runtime: str, where: str) -> tuple[str, str, str]:
+    """(source, destination, flags) of one `SRC[:DST[:FLAGS]]`; one line unless both are absolute
+    paths and the runtime takes the flags."""
+    if not isinstance(mount, str) or not mount or any(c in mount for c in ", \n\t"):
+        raise UserError(f"{where}: {mount!r} is not SRC[:DST[:ro]] (absolute paths, no commas or spaces)")
+    parts = mount.split(":")
+    if len(parts) > 3 or not all(p.startswith("/") for p in parts[:2]):
+        raise UserError(f"{where}: {mount!r} is not SRC[:DST[:ro]] with absolute paths")
+    src, dst, flags = parts[0], parts[1] if len(parts) > 1 else parts[0], parts[2] if len(parts) > 2 else ""
+    if flags and flags not in MOUNT_FLAGS[runtime]:
+        raise UserError(f"{where}: {mount!r}: {runtime} mounts take "
+                        + (f"the flags {' or '.join(sorted(MOUNT_FLAGS[runtime]))}" if MOUNT_FLAGS[runtime] else "no flags"))
+    return src.rstrip("/") or "/", dst.rstrip("/") or "/", flags
+
+
+@dataclass
 class SlurmOptions:
     partition: str | None = None          # sbatch --partition
     account: str | None = None            # sbatch --account (fair-share is charged to it)
@@ -71,8 +123,14 @@ class SlurmOptions:
     nodes: int = 1
     ntasks: int = 2                     # MPI mode: ranks in the allocation
     mpi: str = "pmix"                   # MPI mode: srun --mpi
+    container: ContainerOptions = field(default_factory=ContainerOptions)  # run every script's work in a container
 
     def __post_init__(self) -> None:
+        if isinstance(self.container, dict):        # the Python API: slurm=SlurmOptions(container={...})
+            try:
+                self.container = ContainerOptions(**self.container)
+            except TypeError as exc:
+                raise UserError(f"slurm option 'container': {exc}") from None
         check_slurm_time(self.time, "slurm option 'time'")
         check_slurm_mem(self.mem, "slurm option 'mem'")
         for name, low in (("cpus_per_task", 1), ("array_parallelism", 1), ("attempts_per_task", 0), ("max_array_tasks", 1),
@@ -85,6 +143,11 @@ class SlurmOptions:
                 raise UserError(f"slurm option {name!r} must be a positive number of {name.split('_')[-1]}, got {value!r}")
         if self.nice is not None and abs(self.nice) > 2147483645:
             raise UserError(f"slurm option 'nice' must be within +-2147483645, got {self.nice}")
+
+    @property
+    def job_python(self) -> str:
+        """The interpreter the job's work runs: the image's when it names one."""
+        return self.container.python or self.python
 
     def task_size(self, n_keys: int) -> int:
         """Attempts per array task: explicit, else about target_task_minutes of work, and never

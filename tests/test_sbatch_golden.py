@@ -71,3 +71,51 @@ def test_the_reference_training_run():
     assert "#SBATCH --nodes=1" in scripts["serve.sbatch"] and "#SBATCH --gres=gpu:8" in scripts["serve.sbatch"]
     assert "#SBATCH --exclusive" in scripts["serve.sbatch"]     # nobody else on the node of vLLM's loopback sockets
     assert "times out after 1,698 s (max_tokens 8,192 at 5 tokens/s + 60 s)" in scripts["train.sbatch"]
+
+
+CONTAINERS = {
+    "pyxis": {"runtime": "pyxis", "image": "/shared/images/tbhpc-cuda.sqsh"},
+    "apptainer": {"runtime": "apptainer", "image": "/shared/images/tbhpc-cuda.sif"},
+    "charliecloud": {"runtime": "charliecloud", "image": "/shared/images/tbhpc-cuda"},
+}
+
+
+@pytest.mark.parametrize("runtime", sorted(CONTAINERS))
+def test_every_script_runs_its_work_in_the_container(runtime):
+    """A probe array (with its merge and select), the serving job and a 2-node trainer, each with
+    `slurm.container`: the work is one srun step in the image, the script requeues from outside."""
+    from tbhpc.config import load_config
+    from tbhpc.launch.train import render_train_pipeline
+    from tbhpc.slurm_options import ContainerOptions
+    from tbhpc.train.config import TrainConfig
+    mounts = ["/scratch", "/models:/models" + (":ro" if runtime != "charliecloud" else "")]
+    container = {**CONTAINERS[runtime], "mounts": mounts, "env": {"HF_HUB_OFFLINE": "1"},
+                 "python": "/opt/tbhpc/.venv/bin/python"}
+    opts = SlurmOptions(partition="batch", time="01:30:00", mem="8G", array_parallelism=16,
+                        python="/home/ada/tbhpc/.venv/bin/python", container=ContainerOptions(**container))
+    stage = Stage("/scratch/runs/probe-q38", 1, "probe-q38", "/home/ada/tbhpc")
+    probe = dry_run_text({**render_pipeline(stage, opts, 12, "probe"), "mpi.sbatch": render_mpi(stage, opts)})
+    repo = Path(__file__).resolve().parent.parent
+    serve_container = {**container, "python": "/opt/tbhpc/.venv/bin/python"}
+    cfg = load_config(TrainConfig, repo / "jobs" / "train-reference.yaml",
+                      ["model=/models/q27", "pool=/scratch/runs/probe-q38/pool.yaml",
+                       f"slurm.container={container}",
+                       f"serve.slurm={{gres: 'gpu:8', cpus_per_task: 32, mem: 512G, time: '48:00:00', container: {serve_container}}}"])
+    train = render_train_pipeline("/scratch/runs/grpo-27b", cfg, "/home/ada/tbhpc")
+    check(f"container_{runtime}.txt", probe + "".join(f"# ==> {name} <==\n{text}" for name, text in train.items()))
+    array, serve, trainer = render_pipeline(stage, opts, 12, "probe")["array.sbatch"], train["serve.sbatch"], train["train.sbatch"]
+    for text in (array, serve, trainer):
+        assert "/opt/tbhpc/.venv/bin/python -m tbhpc" in text and "/home/ada/tbhpc/.venv" not in text
+    assert "#SBATCH --signal=USR2@120" in array and "B:USR2" not in array      # to the step, where the work is
+    assert 'scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in array and "TBHPC_REQUEUE_EXIT=75" in array
+    assert 'then scontrol requeue "$SLURM_JOB_ID"' in trainer and "scancel ${SERVE_JOB_ID}" in trainer
+    assert serve.count("exec srun --ntasks=1 --cpus-per-task=32") == 1
+    assert "srun --mpi=pmix --cpus-per-task=1 " in probe and "tbhpc.launch.mpi_worker" in probe
+    if runtime == "pyxis":
+        assert ("--container-mounts=/scratch:/scratch,/models:/models:ro,/home/ada/tbhpc:/home/ada/tbhpc "
+                "--container-workdir=/home/ada/tbhpc --container-env=HF_HUB_OFFLINE") in trainer
+    if runtime == "apptainer":
+        assert "apptainer exec --nv --bind /scratch:/scratch" in trainer and "apptainer exec --nv" in serve
+        assert "apptainer exec --bind" in array                      # CPU probe: no --nv
+    if runtime == "charliecloud":
+        assert 'export USER="${USER:-$(id -un)}"' in array and " /shared/images/tbhpc-cuda -- " in array

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tbhpc.campaign.worker import Worker
 from tbhpc.launch.stages import keys_written, read_chunks, shard_prefix
+from tbhpc.slurm_options import REQUEUE_ENV
 from tbhpc.store.shards import shard_name, write_shard
 
 
@@ -78,6 +79,9 @@ def run_task(run_path: Path, stage: int, index: int, flush_every: int = 8, worke
         print(f"[tbhpc] stage {stage} task {index}: {sig} received, finished attempts saved", flush=True)
         if sig.signum == signal.SIGUSR2 and os.environ.get("SLURM_ARRAY_JOB_ID"):
             job = f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+            if os.environ.get(REQUEUE_ENV):     # in a container: the job's script requeues (launch/container.py)
+                print(f"[tbhpc] asking the job's script to requeue {job}", flush=True)
+                return int(os.environ[REQUEUE_ENV])
             subprocess.run(["scontrol", "requeue", job], check=False)
             print(f"[tbhpc] requeued {job}", flush=True)
             return 0

@@ -26,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from tbhpc.errors import UserError
+from tbhpc.launch.container import env_exports, step_line
 from tbhpc.launch.sbatch import common_header, env_lines, render_serve, script_text
 from tbhpc.train.config import TrainConfig
 from tbhpc.train.jobs import REQUEUED_PREFIX, cancel_and_wait
@@ -65,6 +66,9 @@ def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, ser
     header += common_header(opts, f"tbhpc-train-{cfg.name}", f"{run}/logs/slurm/%x-%j.out")
     if cfg.gpus_per_node and not opts.gres:
         header.append(f"--gpus-per-node={cfg.gpus_per_node}")
+    command = [opts.job_python, "-m", "tbhpc.cli", "train", run, "--config", config_path]
+    srun = ["srun", "--kill-on-bad-exit=1", f"--cpus-per-task={opts.cpus_per_task}"]
+    container = opts.container.runtime
     body = [
         "# rank 0's node hosts the rendezvous on MASTER_PORT and the draw queue on MASTER_PORT+1 (ports from the job id,",
         "# in 20000-32765: below the kernel's ephemeral range, where an outgoing connection may already hold a port)",
@@ -73,19 +77,25 @@ def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, ser
         "export MASTER_PORT=$((20000 + 2 * (SLURM_JOB_ID % 6383)))",
         f"export OMP_NUM_THREADS={cfg.torch_threads}",
         *env_lines(run_env(cfg)),
+        *(env_exports(opts.container, requeue=True) if container else []),
         *([rollout_line(cfg, replicas)] if cfg.generator == "server" else []),
         "# USR2 (before the time limit) and SIGTERM (preemption) reach every rank: they checkpoint, rank 0 requeues.",
         "# srun is given --cpus-per-task: since Slurm 22.05 a step no longer inherits the job's",
-        f"srun --kill-on-bad-exit=1 --cpus-per-task={opts.cpus_per_task} " + " ".join(
-            shlex.quote(c) for c in [opts.python, "-m", "tbhpc.cli", "train", run, "--config", config_path]),
+        step_line(opts.container, srun, command, workdir, [run], bool(cfg.gpus_per_node)) if container else
+        " ".join(srun) + " " + " ".join(shlex.quote(c) for c in command),
     ]
-    if serve_job:
+    marker = f"{shlex.quote(run)}/slurm/{REQUEUED_PREFIX}$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}"
+    if serve_job or container:
         body[-1] = "rc=0\n" + body[-1] + " || rc=$?"
+    if container:
+        body += ["# rank 0 in the image cannot reach scontrol: its marker asks this script to requeue the job",
+                 f'if [ -e {marker} ]; then scontrol requeue "$SLURM_JOB_ID"; exit 0; fi']
+    if serve_job:
         body += ["# the serving job ends with the run however its ranks ended (an error, a signal, NCCL's watchdog",
                  "# aborting a rank), unless rank 0 requeued this job: it resumes against the same server",
-                 f"[ -e {shlex.quote(run)}/slurm/{REQUEUED_PREFIX}$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}} ] || "
-                 f"scancel {serve_job} || true",
-                 "exit $rc"]
+                 f"[ -e {marker} ] || scancel {serve_job} || true"]
+    if serve_job or container:
+        body.append("exit $rc")
     return script_text(header, body, workdir)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -16,6 +17,7 @@ from pathlib import Path
 from tbhpc.errors import UserError
 from tbhpc.serve.checkpoints import version_name
 from tbhpc.serve.endpoint import endpoint_path, read_endpoint, remove_endpoint
+from tbhpc.slurm_options import REQUEUE_ENV
 from tbhpc.train.config import TrainConfig
 from tbhpc.train.watch import Watch, die
 
@@ -65,8 +67,11 @@ def preemption_margin(signal_s: float, update_s: float, publish_s: float, factor
 
 
 def stop_serving_job(run: Path, log=None) -> None:
-    """A run submitted with `tbhpc submit train` ends its serving job with its training (finished or failed)."""
+    """A run submitted with `tbhpc submit train` ends its serving job with its training (finished or failed).
+    In a container (no scancel there) the job's script does it when the ranks have ended."""
     import yaml
+    if os.environ.get(REQUEUE_ENV):
+        return
     jobs = Path(run) / "slurm" / "train-jobs.yaml"
     if jobs.exists() and (serve := (yaml.safe_load(jobs.read_text()) or {}).get("serve")):
         cancel_and_wait(str(serve), Path(run))
@@ -91,6 +96,9 @@ def requeue_or_exit(rank0: bool, log=print, run: Path | None = None) -> int:
             marker = requeue_marker(run, job, os.environ.get("SLURM_RESTART_COUNT"))
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()
+            if os.environ.get(REQUEUE_ENV):     # in a container: the job's script requeues on the marker
+                log(f"train: the job's script requeues job {job} ({marker.name})")
+                return 0
         out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
         log(f"train: requeued job {job}" if out.returncode == 0 else f"train: scontrol requeue {job} failed: {out.stderr.strip()}")
     return 0 if job else STOPPED
@@ -106,6 +114,9 @@ def start_export_eval(cfg: TrainConfig, run_path: Path, step: int, export: Path)
             f"response_budget: {cfg.response_budget}}}", *cfg.export_eval_overrides]
     if os.environ.get("SLURM_JOB_ID"):              # the pipeline's last stage is `tbhpc agg`
         cmd = [sys.executable, "-m", "tbhpc.cli", "submit", "eval", *args]
+        if not shutil.which("sbatch"):              # an image without Slurm's client
+            return (f"train: no sbatch here (a container without Slurm's client): {export.name} is not evaluated; "
+                    f"from a login node: tbhpc submit eval {shlex.join(args)}")
     else:                                           # its agg logs the eval to the run's trackers
         cli = [sys.executable, "-m", "tbhpc.cli"]
         cmd = ["sh", "-c", f"{shlex.join([*cli, 'eval', *args])} && "
