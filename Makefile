@@ -4,7 +4,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: browser env lock env-demo env-vllm env-openenv model-smollm2 test demo bench clean tasks graph docs docs-serve slurm-up slurm-down train warmstart warmstart-demo warmstart-plateau
+.PHONY: browser image-ch env lock env-demo env-vllm env-openenv model-smollm2 test demo bench clean tasks graph docs docs-serve slurm-up slurm-down train warmstart warmstart-demo warmstart-plateau
 
 NODES   ?= 3
 WARM    := build/models/tiny-warm
@@ -25,6 +25,12 @@ lock:
 # Debian's chromium + chromedriver for the failure-browser test (apt, idempotent).
 browser:
 	bash env/setup-browser.sh
+
+# A Debian directory image for charliecloud's ch-run, for the test that runs a probe array in a container on
+# the local cluster (tests/test_container.py). After `browser`: both may call apt-get, which allows one at a time.
+CH_IMAGE ?= build/images/bookworm
+image-ch: browser
+	bash env/container/charliecloud-image.sh $(CH_IMAGE)
 
 # The serving environment (vLLM, its own pins): see env/setup-vllm.sh. VLLM_BUILD=cpu (this machine,
 # CI, CPU nodes) or VLLM_BUILD=cuda (GPU nodes: `make env-vllm VLLM_BUILD=cuda`, from any machine, a
@@ -83,8 +89,9 @@ KERNELS_AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INST
 # the same commit, within the run-to-run spread (docs/measurements/cpu-classes.md).
 test:
 	$(PY) -m tbhpc.envlock --check
-	$(MAKE) -j3 env env-vllm env-openenv browser $(WARM)/config.json
+	$(MAKE) -j3 env env-vllm env-openenv browser image-ch $(WARM)/config.json
 	TBHPC_REQUIRE_VLLM=1 TBHPC_REQUIRE_BROWSER=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
+	  TBHPC_CH_IMAGE=$(abspath $(CH_IMAGE)) \
 	  TBHPC_REQUIRE_OPENENV=1 TBHPC_OPENENV_PYTHON=$(abspath $(OPENENV_VENV))/bin/python NODES=$(NODES) STATE=$(SLURM_STATE) \
 	  bash slurm/local/with-cluster.sh $(VPY) -m pytest -q -n 3 --dist loadgroup --durations=30
 	$(KERNELS_AVX2) $(VPY) -m pytest -q -n 2 --dist loadgroup -m kernels

@@ -54,6 +54,7 @@ class Node:
     lock: str = ""                  # the lock this environment was compared with ("" when there is none)
     lock_packages: int = 0
     lock_drift: list[str] = field(default_factory=list)   # one line per package that differs from it
+    containers: dict[str, str] = field(default_factory=dict)   # runtime -> version, of those this node has
 
 
 def probe(vllm_python: str | None = None, lock: str | None = None) -> Node:
@@ -102,6 +103,7 @@ def probe(vllm_python: str | None = None, lock: str | None = None) -> Node:
     n.slurm = shutil.which("sbatch") or ""
     n.slurm_job = os.environ.get("SLURM_JOB_ID", "")
     _compare_lock(n, lock)
+    n.containers = container_runtimes()
     if os.environ.get(FAKE_NODE_ENV):
         known = {f.name for f in fields(Node)}
         for k, v in json.loads(os.environ[FAKE_NODE_ENV]).items():
@@ -118,6 +120,44 @@ def _compare_lock(n: Node, lock: str | None) -> None:
         return
     _, locked = read_lock(Path(path))
     n.lock, n.lock_packages, n.lock_drift = path, len(locked), drift(installed_versions(), locked)
+
+
+def container_runtimes() -> dict[str, str]:
+    """The container runtimes `slurm.container` can name that this node has, with their versions:
+    pyxis shows as srun's --container-image flag, the others as their commands."""
+    import subprocess
+
+    def output(cmd: list[str]) -> str:
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=20,
+                                 env={**os.environ, "USER": os.environ.get("USER") or "tbhpc"})   # ch-run wants one
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return (out.stdout + out.stderr).strip() if out.returncode == 0 else ""
+
+    found = {}
+    if shutil.which("srun") and "--container-image" in output(["srun", "--help"]):
+        found["pyxis"] = "srun --container-image"
+    for runtime, cmd in (("apptainer", "apptainer"), ("apptainer", "singularity"), ("charliecloud", "ch-run")):
+        if runtime not in found and shutil.which(cmd) and (version := output([cmd, "--version"])):
+            found[runtime] = f"{cmd} {version.split()[-1]}"
+    return found
+
+
+def container_problems(node: Node, opts, job: str) -> list[str]:
+    """What would stop `job`'s `slurm.container` (a SlurmOptions) on this node."""
+    c = opts.container
+    if not c.runtime:
+        return []
+    if c.runtime not in node.containers:
+        how = {"pyxis": "srun --help shows no --container-image (the pyxis plugin is not loaded)",
+               "apptainer": "neither apptainer nor singularity is on PATH",
+               "charliecloud": "ch-run is not on PATH"}[c.runtime]
+        return [f"{job}: slurm.container.runtime is {c.runtime} but {how}"]
+    local = c.runtime != "pyxis" or c.image.startswith("/")          # pyxis also pulls from registries
+    if local and not os.path.exists(c.image):
+        return [f"{job}: slurm.container.image {c.image} does not exist on this node"]
+    return []
 
 
 def nccl_of_env(prefix: str) -> str:
@@ -150,6 +190,9 @@ def problems(node: Node, cfg=None, serve=None) -> list[str]:
     out: list[str] = []
     if cfg is None:
         return out
+    out += container_problems(node, cfg.slurm, "the trainer job")
+    if serve is not None and cfg.generator == "server":
+        out += container_problems(node, serve.slurm, "the serving job")
     gpu = cfg.gpus_per_node > 0
     if not node.deepspeed:
         out.append("the trainer needs DeepSpeed: run `make env` (the train extra)")
@@ -219,6 +262,8 @@ def render(node: Node, found: list[str], notes: list[str] = (), subject: str = "
             ("vLLM env", f"{node.vllm_python}: {node.vllm_build or 'unknown'} build ({node.vllm_what})"
                          + (f", NCCL {node.vllm_nccl}" if node.vllm_nccl else "")),
             ("Slurm", (node.slurm or "no sbatch") + (f" (in job {node.slurm_job})" if node.slurm_job else "")),
+            ("containers", ", ".join(f"{k} ({v})" for k, v in node.containers.items())
+             or "none (no pyxis in srun, no apptainer, singularity or ch-run)"),
             ("packages", _lock_row(node))]
     lines = ["tbhpc doctor: this node"] + [f"  {k:<13} {v}" for k, v in rows]
     lines += [f"  differs: {d}" for d in node.lock_drift[:20]]

@@ -102,3 +102,25 @@ def test_the_command_exits_1_with_a_line_per_problem_and_0_when_none():
         lines = bad.stderr.strip().splitlines()
         assert lines and all(ln.startswith("tbhpc: doctor: ") for ln in lines)
         assert any("gpus_per_node is 8" in ln for ln in lines)
+
+
+def test_the_container_runtime_and_image_a_config_names_are_checked(tmp_path):
+    """Each job's `slurm.container`: its runtime on the node (pyxis as srun's flag), its image there."""
+    from tbhpc.doctor import container_runtimes
+    from tbhpc.slurm_options import ContainerOptions, SlurmOptions
+    sif = tmp_path / "tbhpc.sif"
+    sif.write_bytes(b"")
+    cfg = replace(REF, slurm=SlurmOptions(container=ContainerOptions(runtime="apptainer", image=str(sif))))
+    serve = replace(SERVE, slurm=SlurmOptions(container=ContainerOptions(runtime="pyxis", image="nvcr.io#nvidia/pytorch:25.01-py3")))
+    assert [p for p in problems(GPU_NODE, cfg, serve) if "container" in p] == [
+        "the trainer job: slurm.container.runtime is apptainer but neither apptainer nor singularity is on PATH",
+        "the serving job: slurm.container.runtime is pyxis but srun --help shows no --container-image (the pyxis plugin "
+        "is not loaded)"]
+    node = replace(GPU_NODE, containers={"pyxis": "srun --container-image", "apptainer": "apptainer 1.4.1"})
+    assert problems(node, cfg, serve) == []                   # a registry image is pyxis's to pull
+    sif.unlink()
+    assert problems(node, cfg, serve) == [f"the trainer job: slurm.container.image {sif} does not exist on this node"]
+    assert "containers    pyxis (srun --container-image), apptainer (apptainer 1.4.1)" in render(node, [])
+    # this node as probed: charliecloud's ch-run where `make test` installed it (make image-ch)
+    import shutil
+    assert ("charliecloud" in container_runtimes()) == bool(shutil.which("ch-run"))
