@@ -21,6 +21,7 @@ CONFIGS = (
      "jobs/train.yaml, jobs/train-reference.yaml, jobs/train-lora.yaml"),
     ("Serving (`tbhpc serve`)", "serve", "jobs/serve.yaml"),
     ("Slurm options (the `slurm` section of the three above)", "slurm", "-"),
+    ("Containers (the `container` section of `slurm`)", "container", "-"),
     ("OpenEnv (the `openenv` section of a campaign with `environment: openenv`)", "openenv", "the campaign's `openenv:` section"),
     ("The demo (`tbhpc demo`, `make demo`)", "demo", "jobs/demo-pack.yaml, jobs/demo.yaml"),
     ("Pool selection (`tbhpc select`, `api.select`)", "select", "command-line flags"),

@@ -19,6 +19,7 @@ KINDS = {
     "train": "tbhpc.train.config:TrainConfig",
     "serve": "tbhpc.serve.config:ServeConfig",
     "slurm": "tbhpc.slurm_options:SlurmOptions",
+    "container": "tbhpc.slurm_options:ContainerOptions",
     "openenv": "tbhpc.openenv.launch:OpenEnvSpec",
     "demo": "tbhpc.demo.config:DemoConfig",
     "select": "tbhpc.selection.pool:SelectConfig",
@@ -81,7 +82,7 @@ def field_default(f: dataclasses.Field) -> str:
     if f.default_factory is not dataclasses.MISSING:
         value = f.default_factory()
         if dataclasses.is_dataclass(value):
-            return "see below" if type(value).__name__ == "SlurmOptions" else "a section"
+            return "see below" if type(value).__name__ in ("SlurmOptions", "ContainerOptions") else "a section"
         return f"`{value!r}`"
     return "required"
 
