@@ -237,6 +237,9 @@ def _executor(executor: Any, cfg: CampaignConfig):
         return make_executor(executor, cfg.workers, cfg.slurm)
     if hasattr(executor, "map_array") or hasattr(executor, "update_parameters"):
         from tbhpc.launch.submitit_exec import SubmititExecutor
+        if (cfg.slurm.get("container") or {}).get("runtime"):
+            raise UserError("slurm.container: a submitit executor writes its own scripts, which tbhpc's container "
+                            "option does not reach; use executor='slurm' (or submitit's own srun_args)")
         return SubmititExecutor(executor, log=lambda m: print(m, file=sys.stderr, flush=True))
     if callable(getattr(executor, "run", None)) and hasattr(executor, "name"):
         return executor

@@ -22,6 +22,9 @@ RUNTIMES = ("pyxis", "apptainer", "charliecloud")
 # Work in a container cannot reach scontrol: the job's script exports REQUEUE_ENV, and an array task
 # exits with its value (a trainer leaves its marker) to have the script requeue the job.
 REQUEUE_ENV, REQUEUE_EXIT = "TBHPC_REQUEUE_EXIT", 75      # 75: EX_TEMPFAIL
+# ... and cannot reach sbatch: a trainer's export evals are submitted by its job's script, which
+# watches this directory (launch/container.py renders the watcher, launch/slurm.py writes to it).
+OUTBOX_ENV = "TBHPC_SBATCH_OUTBOX"
 MOUNT_FLAGS = {"pyxis": {"ro", "rw"}, "apptainer": {"ro", "rw"}, "charliecloud": set()}
 
 

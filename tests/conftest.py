@@ -114,9 +114,9 @@ def warm_dir(tmp_path_factory):
 
 # `make test` runs `pytest -n 2 --dist loadgroup`. Every test file is a group of its own, so its
 # module fixtures (a vLLM server, the shrunken demo) start once; the files whose tests read the
-# local Slurm cluster's queue (fair share, preemption, requeue, the 3-node training job, the container
-# probe) share one
-# group and run one after another on one worker, so their jobs never compete for its slots.
+# local Slurm cluster's queue (fair share, preemption, requeue, the 3-node training job, the probe in
+# a container) share one group and run one after another on one worker, so their jobs never compete
+# for its slots.
 # tryfirst: the marks must exist before xdist's own hook turns them into scheduling groups.
 CLUSTER_FILES = {"test_slurm.py", "test_slurm_submitit.py", "test_make_train.py", "test_train_run.py", "test_container.py"}
 

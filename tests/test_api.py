@@ -90,6 +90,9 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path):
         api.probe(out=tmp_path / "d", wait=False, **SMALL)
     with pytest.raises(UserError, match="expected 'local', 'slurm', 'mpi' or a submitit executor, got int"):
         api.probe(out=tmp_path / "e", executor=3, **SMALL)
+    with pytest.raises(UserError, match="slurm.container: a submitit executor writes its own scripts"):
+        api.probe(out=tmp_path / "f", executor=submitit.LocalExecutor(folder=tmp_path / "submitit"),
+                  slurm={"container": {"runtime": "apptainer", "image": "/images/t.sif"}}, **SMALL)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["submitit"]
     api.evaluate(out=tmp_path / "eval", **SMALL)
     before = sorted(p.name for p in (tmp_path / "eval").rglob("*"))

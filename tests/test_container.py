@@ -82,3 +82,36 @@ def test_a_probe_array_in_a_charliecloud_image_gives_the_rows_it_gives_outside(t
                              capture_output=True, text=True)
     assert outside.returncode == 0, outside.stderr
     assert attempt_rows(inside) == attempt_rows(tmp_path / "outside") and len(attempt_rows(inside)) == 20
+
+
+def test_an_image_without_sbatch_submits_through_its_job_scripts_outbox(tmp_path):
+    """What a trainer in an image does for its export evals: `tbhpc submit eval` inside the image
+    (no sbatch there) hands each script to the watcher its job's script runs on the host, and the
+    chained pipeline (array -> merge -> agg) runs as if submitted directly."""
+    from tbhpc.launch.container import outbox_watch
+    require_slurm()
+    image = ch_image()
+    base = Path(sys.base_prefix).resolve()
+    for path in (REPO, base):
+        (image / str(path).lstrip("/")).mkdir(parents=True, exist_ok=True)
+    outbox, run = tmp_path / "outbox", tmp_path / "eval"
+    script = tmp_path / "job.sh"                      # the trainer script's lines around its srun step
+    script.write_text("set -euo pipefail\n" + "\n".join(outbox_watch(str(outbox))) + "\nwait \"$outbox_pid\"\n")
+    watcher = subprocess.Popen(["bash", str(script)], start_new_session=True)
+    try:
+        _wait(lambda: outbox.is_dir(), timeout=10)
+        inside = subprocess.run(
+            ["ch-run", f"--bind={REPO}:{REPO}", f"--bind={base}:{base}", f"--cd={REPO}", str(image), "--",
+             sys.executable, "-c", "import shutil, sys; from tbhpc.cli.main import main; "
+             "assert shutil.which('sbatch') is None; sys.exit(main())",
+             "submit", "eval", "--out", str(run), "name=obx", "limit=6", "repeats=2", "slurm={attempts_per_task: 6}"],
+            capture_output=True, text=True, timeout=300, env={**os.environ, "USER": "root", "TBHPC_SBATCH_OUTBOX": str(outbox)})
+        assert inside.returncode == 0, inside.stderr[-2000:]
+        assert "jobs array" in inside.stdout and "merge" in inside.stdout and "agg" in inside.stdout
+        assert len(list(outbox.glob("*.id"))) == 3 and not list(outbox.glob("*.err")) and not list(outbox.glob("*.req"))
+        logs = run / "logs" / "slurm"
+        _wait(lambda: any(p.name.startswith("tbhpc-obx-agg") and "MICRO_AVG" in p.read_text() for p in logs.glob("*.out")))
+        assert len(attempt_rows(run)) == 12
+    finally:
+        os.killpg(watcher.pid, 15)
+        watcher.wait(timeout=10)

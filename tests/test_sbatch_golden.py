@@ -98,7 +98,7 @@ def test_every_script_runs_its_work_in_the_container(runtime):
     repo = Path(__file__).resolve().parent.parent
     serve_container = {**container, "python": "/opt/tbhpc/.venv/bin/python"}
     cfg = load_config(TrainConfig, repo / "jobs" / "train-reference.yaml",
-                      ["model=/models/q27", "pool=/scratch/runs/probe-q38/pool.yaml",
+                      ["model=/models/q27", "pool=/scratch/runs/probe-q38/pool.yaml", "export_eval=jobs/eval.yaml",
                        f"slurm.container={container}",
                        f"serve.slurm={{gres: 'gpu:8', cpus_per_task: 32, mem: 512G, time: '48:00:00', container: {serve_container}}}"])
     train = render_train_pipeline("/scratch/runs/grpo-27b", cfg, "/home/ada/tbhpc")
@@ -109,6 +109,8 @@ def test_every_script_runs_its_work_in_the_container(runtime):
     assert "#SBATCH --signal=USR2@120" in array and "B:USR2" not in array      # to the step, where the work is
     assert 'scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in array and "TBHPC_REQUEUE_EXIT=75" in array
     assert 'then scontrol requeue "$SLURM_JOB_ID"' in trainer and "scancel ${SERVE_JOB_ID}" in trainer
+    # the export evals the ranks submit go through the script's watcher, stopped when the ranks end
+    assert trainer.index("outbox_pid=$!") < trainer.index("srun --kill-on-bad-exit") < trainer.index('kill "$outbox_pid"')
     assert serve.count("exec srun --ntasks=1 --cpus-per-task=32") == 1
     assert "srun --mpi=pmix --cpus-per-task=1 " in probe and "tbhpc.launch.mpi_worker" in probe
     if runtime == "pyxis":

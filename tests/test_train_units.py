@@ -1,5 +1,6 @@
 """The trainer's pieces that need no process group: the pool guard and seeded draws, the
 draw-order decision of the shared queue, packing, configs and rendered scripts."""
+import dataclasses
 import sys
 import threading
 from pathlib import Path
@@ -411,3 +412,17 @@ def test_a_partial_slurm_section_keeps_the_training_job_s_defaults(tmp_path):
     from tbhpc.campaign.config import CampaignConfig
     cfg.write_text("policy: oracle\npolicy_opts: {skill: 0.7}\n")
     assert load_config(CampaignConfig, cfg, updates={"policy": "noop", "policy_opts": {}}).policy_opts == {}
+
+
+def test_export_evals_run_in_the_trainers_container_unless_their_config_names_one():
+    """Their scripts name this process's interpreter, the image's: without the image they would not start."""
+    from tbhpc.slurm_options import ContainerOptions, SlurmOptions
+    from tbhpc.train.jobs import eval_container
+    image = ContainerOptions(runtime="apptainer", image="/images/t.sif", python="/opt/tbhpc/.venv/bin/python")
+    cfg = TrainConfig(model="m", pool="p", export_eval="jobs/eval.yaml", slurm=SlurmOptions(container=image))
+    [override] = eval_container(cfg)
+    assert override.startswith("slurm.container=")
+    from tbhpc.config import yaml_value
+    assert yaml_value(override.split("=", 1)[1], "test") == dataclasses.asdict(image)
+    own = dataclasses.replace(cfg, export_eval_overrides=["slurm.container={runtime: pyxis, image: /i.sqsh}"])
+    assert eval_container(own) == [] and eval_container(dataclasses.replace(cfg, slurm=SlurmOptions())) == []

@@ -21,7 +21,7 @@ def run(args) -> int:
     keep_workers_spinning()      # before torch loads: the trainer and its generator thread (tbhpc/openmp.py)
     from tbhpc.outpaths import check_run_folder
     from tbhpc.train.config import load_train_config
-    from tbhpc.train.jobs import requeue_or_exit, stop_serving_job
+    from tbhpc.train.jobs import finish_submissions, requeue_or_exit, stop_serving_job
     from tbhpc.train.build import build_trainer
     from tbhpc.train.loop import Preempted
     from tbhpc.train.watch import RankLost
@@ -44,6 +44,7 @@ def run(args) -> int:
             elif trainer.out_of_time:
                 print(f"train: {args.run}: time budget of {cfg.max_seconds:g} s spent after step {last}", flush=True)
             print(f"train: {args.run}: {last} steps done; weights in {args.run}/exports/step-{last:06d}", flush=True)
+            finish_submissions(log=lambda m: print(m, flush=True))
             stop_serving_job(args.run, log=lambda m: print(m.replace("train: ", "train: training done; "), flush=True))
         code = 0
     trainer.leave(code)     # ends this process: every rank's work is written by now

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import shlex
 
-from tbhpc.slurm_options import REQUEUE_ENV, REQUEUE_EXIT, ContainerOptions, check_mount
+from tbhpc.slurm_options import OUTBOX_ENV, REQUEUE_ENV, REQUEUE_EXIT, ContainerOptions, check_mount
 
 
 def mounts(c: ContainerOptions, always: list[str]) -> list[tuple[str, str, str]]:
@@ -61,6 +61,25 @@ def env_exports(c: ContainerOptions, requeue: bool = False) -> list[str]:
     if c.runtime == "charliecloud":
         lines.append('export USER="${USER:-$(id -un)}"')
     return lines
+
+
+def outbox_watch(outbox: str) -> list[str]:
+    """Script lines that start, in the background, the host-side submitter of work in the image:
+    each OUTBOX/NAME.req holds a script's path; the answer is NAME.id (the job id) or NAME.err.
+    `$outbox_pid` stops it (outbox_stop)."""
+    q = shlex.quote(outbox)
+    return [f"# the image has no sbatch: this shell submits what the ranks ask for in {outbox} (export evals)",
+            f"export {OUTBOX_ENV}={q}",
+            f'mkdir -p "${OUTBOX_ENV}"',
+            "( set +e; while sleep 1; do for req in \"$" + OUTBOX_ENV + "\"/*.req; do [ -e \"$req\" ] || continue; "
+            'r=${req%.req}; mv "$req" "$r.taken" || continue; '
+            'if sbatch --parsable "$(cat "$r.taken")" > "$r.tmp" 2>&1; then mv "$r.tmp" "$r.id"; else mv "$r.tmp" "$r.err"; fi; '
+            'rm -f "$r.taken"; done; done ) &',
+            "outbox_pid=$!"]
+
+
+def outbox_stop() -> str:
+    return 'kill "$outbox_pid" 2>/dev/null || true'
 
 
 def step_line(c: ContainerOptions, srun: list[str], command: list[str], workdir: str, always: list[str],

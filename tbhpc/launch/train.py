@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from tbhpc.errors import UserError
-from tbhpc.launch.container import env_exports, step_line
+from tbhpc.launch.container import env_exports, outbox_stop, outbox_watch, step_line
 from tbhpc.launch.sbatch import common_header, env_lines, render_serve, script_text
 from tbhpc.train.config import TrainConfig
 from tbhpc.train.jobs import REQUEUED_PREFIX, cancel_and_wait
@@ -78,6 +78,7 @@ def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, ser
         f"export OMP_NUM_THREADS={cfg.torch_threads}",
         *env_lines(run_env(cfg)),
         *(env_exports(opts.container, requeue=True) if container else []),
+        *(outbox_watch(f"{run}/slurm/outbox") if container and cfg.export_eval else []),
         *([rollout_line(cfg, replicas)] if cfg.generator == "server" else []),
         "# USR2 (before the time limit) and SIGTERM (preemption) reach every rank: they checkpoint, rank 0 requeues.",
         "# srun is given --cpus-per-task: since Slurm 22.05 a step no longer inherits the job's",
@@ -87,6 +88,8 @@ def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, ser
     marker = f"{shlex.quote(run)}/slurm/{REQUEUED_PREFIX}$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}"
     if serve_job or container:
         body[-1] = "rc=0\n" + body[-1] + " || rc=$?"
+    if container and cfg.export_eval:
+        body.append(outbox_stop())
     if container:
         body += ["# rank 0 in the image cannot reach scontrol: its marker asks this script to requeue the job",
                  f'if [ -e {marker} ]; then scontrol requeue "$SLURM_JOB_ID"; exit 0; fi']

@@ -4,6 +4,7 @@ requeue), the signal's margin against the measured step, the serving job that en
 evaluations of exports submitted beside it. Kept out of the step loop (loop.py), which calls them."""
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -11,13 +12,14 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import asdict
 from datetime import datetime
 from pathlib import Path
 
 from tbhpc.errors import UserError
 from tbhpc.serve.checkpoints import version_name
 from tbhpc.serve.endpoint import endpoint_path, read_endpoint, remove_endpoint
-from tbhpc.slurm_options import REQUEUE_ENV
+from tbhpc.slurm_options import OUTBOX_ENV, REQUEUE_ENV
 from tbhpc.train.config import TrainConfig
 from tbhpc.train.watch import Watch, die
 
@@ -104,6 +106,33 @@ def requeue_or_exit(rank0: bool, log=print, run: Path | None = None) -> int:
     return 0 if job else STOPPED
 
 
+_SUBMITTERS: list[subprocess.Popen] = []     # `tbhpc submit eval` processes of this trainer (under Slurm)
+
+
+def finish_submissions(timeout_s: float = 120.0, log=print) -> None:
+    """Wait for the export evals this process is still submitting: Slurm ends whatever is left of
+    a job step when its ranks exit, and the last export's submission starts moments before."""
+    deadline = time.monotonic() + timeout_s
+    for proc in _SUBMITTERS:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            log(f"train: an export eval's submission (pid {proc.pid}) is still running after {timeout_s:.0f} s; "
+                "it ends with this job step")
+    _SUBMITTERS.clear()
+
+
+def eval_container(cfg: TrainConfig) -> list[str]:
+    """The trainer's container for its export evals, unless their config names its own: their
+    scripts name the interpreter this process runs, which is the image's."""
+    if not cfg.slurm.container.runtime:
+        return []
+    from tbhpc.campaign.config import load_campaign    # the campaign package, only for runs that evaluate exports
+    if (load_campaign(cfg.export_eval, "eval", cfg.export_eval_overrides).slurm.get("container") or {}).get("runtime"):
+        return []
+    return ["slurm.container=" + json.dumps(asdict(cfg.slurm.container))]
+
+
 def start_export_eval(cfg: TrainConfig, run_path: Path, step: int, export: Path) -> str:
     """Evaluate an export without holding up training: under Slurm a submitted eval pipeline
     (array -> merge -> agg), elsewhere a detached local campaign; results in RUN/evals/step-N."""
@@ -111,10 +140,10 @@ def start_export_eval(cfg: TrainConfig, run_path: Path, step: int, export: Path)
     out = run_path / "evals" / version_name(step)
     args = ["--config", cfg.export_eval, "--out", str(out), "policy=tokens",
             f"policy_opts={{generator: local, model_path: {export}, max_tokens: {cfg.max_tokens}, "
-            f"response_budget: {cfg.response_budget}}}", *cfg.export_eval_overrides]
+            f"response_budget: {cfg.response_budget}}}", *eval_container(cfg), *cfg.export_eval_overrides]
     if os.environ.get("SLURM_JOB_ID"):              # the pipeline's last stage is `tbhpc agg`
         cmd = [sys.executable, "-m", "tbhpc.cli", "submit", "eval", *args]
-        if not shutil.which("sbatch"):              # an image without Slurm's client
+        if not shutil.which("sbatch") and not os.environ.get(OUTBOX_ENV):   # an image, and no script to submit for it
             return (f"train: no sbatch here (a container without Slurm's client): {export.name} is not evaluated; "
                     f"from a login node: tbhpc submit eval {shlex.join(args)}")
     else:                                           # its agg logs the eval to the run's trackers
@@ -125,7 +154,9 @@ def start_export_eval(cfg: TrainConfig, run_path: Path, step: int, export: Path)
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}   # wandb's helper of this process, not the eval's
     with open(log, "w") as fh:
-        subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    if os.environ.get("SLURM_JOB_ID"):
+        _SUBMITTERS.append(proc)
     return f"train: evaluating {export.name} in {out} ({'submitted' if os.environ.get('SLURM_JOB_ID') else 'local'}; log {log})"
 
 
