@@ -466,32 +466,39 @@ def test_a_turn_a_sync_aborts_is_issued_again_on_the_verified_new_weights(served
     token, which the generator never sends itself, so that it surely outlasts the sync's start.)"""
     run, ep, _ = served
     tok = AutoTokenizer.from_pretrained(tiny_dir_b)
-    model = _small_step(AutoModelForCausalLM.from_pretrained(tiny_dir_b), seed=31, scale=0.05)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir_b)
     gen = ServerGenerator(ep.base_url, ep.model, token=ep.client().token)
     post = gen._post
     gen._post = lambda route, body: post(route, {**body, "sampling_params": {**body["sampling_params"], "ignore_eos": True}})
     prompt = tok.encode("Please check the status of order 1042.")
-    step = max((int(s["version"][5:]) for s in read_syncs(run) if str(s.get("version", "")).startswith("step-")),
-               default=0) + 1
     from tbhpc.serve.checkpoints import served_dtypes, write_checkpoint
     from tbhpc.serve.digest import model_digests
-    fp = compute_fingerprint(model, tok)          # everything but the marker first: the sync starts at once
-    digests = model_digests(model, served_dtypes(run, "float32"))
-    path = write_checkpoint(run, step, model, tok)
-    out: dict = {}
+    for attempt in range(3):    # a sync that began after every turn had ended proves nothing: publish again
+        model = _small_step(model, seed=31 + attempt, scale=0.05)
+        fp = compute_fingerprint(model, tok)
+        digests = model_digests(model, served_dtypes(run, "float32"))
+        step = max((int(s["version"][5:]) for s in read_syncs(run) if str(s.get("version", "")).startswith("step-")),
+                   default=0) + 1
+        path = write_checkpoint(run, step, model, tok)    # everything but the marker first: the sync starts at once
+        out: dict = {}
 
-    def turn(i: int) -> None:
-        out[i] = gen.generate(prompt, Sampling(max_tokens=7000), seed=5 + i)
+        def turn(i: int) -> None:
+            out[i] = gen.generate(prompt, Sampling(max_tokens=7000), seed=5 + i)
 
-    turns = [threading.Thread(target=turn, args=(i,)) for i in range(4)]     # four at once: each decodes slower
-    for t in turns:
-        t.start()
-    time.sleep(0.5)                                   # the turns are decoding
-    assert all(t.is_alive() for t in turns), "a turn ended before the sync: make them longer"
-    mark_ready(run, step, path, fp, digests)
-    wait_for_version(run, f"step-{step:06d}", timeout_s=120)
-    for t in turns:
-        t.join(timeout=300)
+        turns = [threading.Thread(target=turn, args=(i,)) for i in range(4)]     # four at once: each decodes slower
+        for t in turns:
+            t.start()
+        time.sleep(0.5)                                   # the turns are decoding
+        assert all(t.is_alive() for t in turns), "a turn ended before the sync: make them longer"
+        mark_ready(run, step, path, fp, digests)
+        wait_for_version(run, f"step-{step:06d}", timeout_s=120)
+        for t in turns:
+            t.join(timeout=300)
+        untouched = all(g.reissued == 0 and f"step-{step:06d}" not in g.versions() for g in out.values())
+        if not untouched:
+            break
+        MACHINE_NOTES.append(f"abort test, try {attempt + 1}: every turn ended before the sync of step {step} "
+                             "reached it (a loaded machine); publishing again")
     for g in out.values():
         assert g.reissued >= 1 and g.reprefilled == g.reissued * len(prompt), (g.reissued, g.reprefilled)
         assert set(g.versions()) == {f"step-{step:06d}"} and g.finish_reason != "abort" and len(g.token_ids) == 7000
