@@ -87,8 +87,12 @@ KERNELS_AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INST
 # both install this project in place. Three test workers on two cores: many tests wait (on Slurm, on a
 # server starting); three kept the cores 96% busy against 87% with two, 1,465 s against 1,504 s for
 # the same commit, within the run-to-run spread (docs/measurements/cpu-classes.md).
+# Before anything installs, the locks are current and the disk has room (tbhpc/freespace.py: a full disk otherwise
+# first shows as pip's ENOSPC among three parallel installs). TEST_SCRATCH_GB: room the tests need in the temp directory.
+TEST_SCRATCH_GB ?= 2
 test:
 	$(PY) -m tbhpc.envlock --check
+	$(PY) -m tbhpc.freespace --scratch-gb $(TEST_SCRATCH_GB)
 	$(MAKE) -j3 env env-vllm env-openenv browser image-ch $(WARM)/config.json
 	TBHPC_REQUIRE_VLLM=1 TBHPC_REQUIRE_BROWSER=1 TBHPC_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
 	  TBHPC_CH_IMAGE=$(abspath $(CH_IMAGE)) \
