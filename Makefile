@@ -89,7 +89,7 @@ KERNELS_AVX2 := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INST
 # the same commit, within the run-to-run spread (docs/measurements/cpu-classes.md).
 # Before anything installs, the locks are current and the disk has room (tbhpc/freespace.py: a full disk otherwise
 # first shows as pip's ENOSPC among three parallel installs). TEST_SCRATCH_GB: room the tests need in the temp directory.
-TEST_SCRATCH_GB ?= 2
+TEST_SCRATCH_GB ?= 4
 test:
 	$(PY) -m tbhpc.envlock --check
 	$(PY) -m tbhpc.freespace --scratch-gb $(TEST_SCRATCH_GB)
