@@ -54,7 +54,10 @@ def step_prefix(c: ContainerOptions, workdir: str, always: list[str], gpus: bool
 
 def env_exports(c: ContainerOptions, requeue: bool = False) -> list[str]:
     """What the script exports before its step: the config's env, the requeue protocol for work
-    that requeues itself, and for charliecloud a USER (ch-run refuses to start without one)."""
+    that requeues itself, and for charliecloud a USER (ch-run refuses to start without one).
+    Nothing without a container."""
+    if not c.runtime:
+        return []
     lines = [f"export {k}={shlex.quote(v)}" for k, v in c.env.items()]
     if requeue:
         lines.append(f"export {REQUEUE_ENV}={REQUEUE_EXIT}   # the work asks this script to requeue the job")
@@ -84,6 +87,7 @@ def outbox_stop() -> str:
 
 def step_line(c: ContainerOptions, srun: list[str], command: list[str], workdir: str, always: list[str],
               gpus: bool) -> str:
-    """`srun [srun flags] [container flags] [prefix] command`, shell-quoted."""
-    flags, prefix = step_prefix(c, workdir, always, gpus)
+    """`srun [srun flags] [container flags] [prefix] command`, shell-quoted; without a container,
+    `srun [srun flags] command`."""
+    flags, prefix = step_prefix(c, workdir, always, gpus) if c.runtime else ([], [])
     return " ".join(shlex.quote(x) if i >= len(srun) else x for i, x in enumerate([*srun, *flags, *prefix, *command]))

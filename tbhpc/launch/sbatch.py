@@ -59,11 +59,6 @@ def signal_flag(opts: SlurmOptions) -> str:
     return f"--signal={'' if opts.container.runtime else 'B:'}USR2@{opts.signal_seconds}"
 
 
-def contained(opts: SlurmOptions, srun: list[str], command: list[str], workdir: str, run: str, gpus: bool = False) -> str:
-    """One srun step running `command` in the job's container."""
-    return step_line(opts.container, srun, command, workdir, [run], gpus)
-
-
 def uses_gpus(opts: SlurmOptions) -> bool:
     return "gpu" in (opts.gres or "")
 
@@ -80,8 +75,8 @@ def render_array(stage: Stage, opts: SlurmOptions, n_tasks: int, indices: str | 
         return script_text(header, body, stage.workdir)
     body += env_exports(opts.container, requeue=True) + [
         "rc=0",
-        contained(opts, ["srun", "--ntasks=1", f"--cpus-per-task={opts.cpus_per_task}"], command, stage.workdir,
-                  stage.run, uses_gpus(opts)) + " || rc=$?",
+        step_line(opts.container, ["srun", "--ntasks=1", f"--cpus-per-task={opts.cpus_per_task}"], command,
+                  stage.workdir, [stage.run], uses_gpus(opts)) + " || rc=$?",
         f'if [ "$rc" -eq {REQUEUE_EXIT} ]; then scontrol requeue "${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}"; exit 0; fi',
         'exit "$rc"']
     return script_text(header, body, stage.workdir)
@@ -95,7 +90,8 @@ def render_step(stage: Stage, opts: SlurmOptions, step: str, command: list[str],
         header.insert(0, f"--dependency=afterany:{dependency}")
     command = [opts.job_python, "-m", "tbhpc.cli", *command]
     if opts.container.runtime:
-        body = env_exports(opts.container) + [contained(opts, ["srun", "--ntasks=1"], command, stage.workdir, stage.run)]
+        body = env_exports(opts.container) + [step_line(opts.container, ["srun", "--ntasks=1"], command, stage.workdir,
+                                                        [stage.run], False)]
     else:
         body = [" ".join(shlex.quote(c) for c in command)]
     return script_text(header, body, stage.workdir)
@@ -108,11 +104,8 @@ def render_mpi(stage: Stage, opts: SlurmOptions) -> str:
     # --cpus-per-task again: since Slurm 22.05 a step does not inherit the job's
     srun = ["srun", f"--mpi={opts.mpi}", f"--cpus-per-task={opts.cpus_per_task}"]
     command = [opts.job_python, "-m", "tbhpc.launch.mpi_worker", stage.run, str(stage.stage)]
-    body = [f"export TBHPC_FLUSH_EVERY={opts.flush_every}"]
-    if opts.container.runtime:
-        body += env_exports(opts.container) + [contained(opts, srun, command, stage.workdir, stage.run, uses_gpus(opts))]
-    else:
-        body.append(" ".join(srun) + " " + " ".join(shlex.quote(c) for c in command))
+    body = [f"export TBHPC_FLUSH_EVERY={opts.flush_every}", *env_exports(opts.container),
+            step_line(opts.container, srun, command, stage.workdir, [stage.run], uses_gpus(opts))]
     return script_text(header, body, stage.workdir)
 
 
@@ -128,8 +121,8 @@ def render_serve(run: str, config_path: str, opts: SlurmOptions, workdir: str, g
     body = env_lines(env or {}) + ["# vLLM runs from its own environment (ServeConfig.python); this process only supervises it"]
     if opts.container.runtime:      # srun forwards scancel's SIGTERM to the supervisor in the image
         body += env_exports(opts.container) + [
-            "exec " + contained(opts, ["srun", "--ntasks=1", f"--cpus-per-task={opts.cpus_per_task}"], command, workdir, run,
-                                bool(gpus) or uses_gpus(opts))]
+            "exec " + step_line(opts.container, ["srun", "--ntasks=1", f"--cpus-per-task={opts.cpus_per_task}"], command,
+                                workdir, [run], bool(gpus) or uses_gpus(opts))]
     else:
         body.append("exec " + " ".join(shlex.quote(c) for c in command))
     return script_text(header, body, workdir)

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,6 @@ from tbhpc.store.shards import list_shards
 def outbox_sbatch(script: Path, outbox: Path, timeout_s: float = 300.0) -> str:
     """sbatch through the job script's watcher (launch/container.py: outbox_watch): a request file
     naming the script, then its answer, the job id or sbatch's error."""
-    import uuid
     name = outbox / f"{uuid.uuid4().hex}"
     tmp = name.with_suffix(".writing")
     tmp.write_text(str(Path(script).resolve()), encoding="utf-8")

@@ -77,13 +77,12 @@ def render_train(run: str, config_path: str, cfg: TrainConfig, workdir: str, ser
         "export MASTER_PORT=$((20000 + 2 * (SLURM_JOB_ID % 6383)))",
         f"export OMP_NUM_THREADS={cfg.torch_threads}",
         *env_lines(run_env(cfg)),
-        *(env_exports(opts.container, requeue=True) if container else []),
+        *env_exports(opts.container, requeue=True),
         *(outbox_watch(f"{run}/slurm/outbox") if container and cfg.export_eval else []),
         *([rollout_line(cfg, replicas)] if cfg.generator == "server" else []),
         "# USR2 (before the time limit) and SIGTERM (preemption) reach every rank: they checkpoint, rank 0 requeues.",
         "# srun is given --cpus-per-task: since Slurm 22.05 a step no longer inherits the job's",
-        step_line(opts.container, srun, command, workdir, [run], bool(cfg.gpus_per_node)) if container else
-        " ".join(srun) + " " + " ".join(shlex.quote(c) for c in command),
+        step_line(opts.container, srun, command, workdir, [run], bool(cfg.gpus_per_node)),
     ]
     marker = f"{shlex.quote(run)}/slurm/{REQUEUED_PREFIX}$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}"
     if serve_job or container:
