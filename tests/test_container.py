@@ -21,14 +21,18 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
 
 
-def ch_image() -> Path:
-    """The image `make test` built (TBHPC_CH_IMAGE), or skip; with TBHPC_REQUIRE_SLURM (CI) fail."""
+def ch_image() -> tuple[Path, Path]:
+    """(the image `make test` built (TBHPC_CH_IMAGE), the interpreter prefix the environment's python
+    links to), both bindable in it; or skip; with TBHPC_REQUIRE_SLURM (CI) fail."""
     path = os.environ.get("TBHPC_CH_IMAGE", "")
     if not path or not (Path(path) / ".tbhpc-image").is_file():
         if os.environ.get("TBHPC_REQUIRE_SLURM"):
             pytest.fail(f"TBHPC_CH_IMAGE={path!r} is not an image made by `make image-ch`")
         pytest.skip("no charliecloud image (make image-ch; TBHPC_CH_IMAGE=build/images/bookworm)")
-    return Path(path)
+    image, base = Path(path), Path(sys.base_prefix).resolve()
+    for bound in (REPO, base):                          # ch-run binds onto existing directories (the image is read-only)
+        (image / str(bound).lstrip("/")).mkdir(parents=True, exist_ok=True)
+    return image, base
 
 
 def _array_pids(run: Path) -> list[int]:
@@ -55,10 +59,7 @@ def _wait(predicate, timeout=120.0):
 
 def test_a_probe_array_in_a_charliecloud_image_gives_the_rows_it_gives_outside(tmp_path):
     require_slurm()
-    image = ch_image()
-    base = Path(sys.base_prefix).resolve()             # the interpreter the environment's python links to
-    for path in (REPO, base):                           # ch-run binds onto existing directories (the image is read-only)
-        (image / str(path).lstrip("/")).mkdir(parents=True, exist_ok=True)
+    image, base = ch_image()
     campaign = ["name=ch", "limit=10", "repeats=2", "policy_opts={skill: 0.7, delay_s: 0.1}"]
     slurm = ("slurm={attempts_per_task: 10, flush_every: 1, poll_seconds: 0.5, "
              f"container: {{runtime: charliecloud, image: {image}, mounts: [{REPO}, {base}]}}}}")
@@ -90,10 +91,7 @@ def test_an_image_without_sbatch_submits_through_its_job_scripts_outbox(tmp_path
     chained pipeline (array -> merge -> agg) runs as if submitted directly."""
     from tbhpc.launch.container import outbox_watch
     require_slurm()
-    image = ch_image()
-    base = Path(sys.base_prefix).resolve()
-    for path in (REPO, base):
-        (image / str(path).lstrip("/")).mkdir(parents=True, exist_ok=True)
+    image, base = ch_image()
     outbox, run = tmp_path / "outbox", tmp_path / "eval"
     script = tmp_path / "job.sh"                      # the trainer script's lines around its srun step
     script.write_text("set -euo pipefail\n" + "\n".join(outbox_watch(str(outbox))) + "\nwait \"$outbox_pid\"\n")
