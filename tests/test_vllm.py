@@ -481,24 +481,31 @@ def test_a_turn_a_sync_aborts_is_issued_again_on_the_verified_new_weights(served
                    default=0) + 1
         path = write_checkpoint(run, step, model, tok)    # everything but the marker first: the sync starts at once
         out: dict = {}
+        errors: dict = {}
 
         def turn(i: int) -> None:
-            out[i] = gen.generate(prompt, Sampling(max_tokens=7000), seed=5 + i)
+            try:
+                out[i] = gen.generate(prompt, Sampling(max_tokens=7000), seed=5 + i)
+            except Exception as exc:                  # reported below, never retried
+                errors[i] = exc
 
         turns = [threading.Thread(target=turn, args=(i,)) for i in range(4)]     # four at once: each decodes slower
         for t in turns:
             t.start()
         time.sleep(0.5)                                   # the turns are decoding
-        assert all(t.is_alive() for t in turns), "a turn ended before the sync: make them longer"
+        early = [i for i, t in enumerate(turns) if not t.is_alive()]
         mark_ready(run, step, path, fp, digests)
         wait_for_version(run, f"step-{step:06d}", timeout_s=120)
         for t in turns:
             t.join(timeout=300)
+        assert not errors, {i: repr(exc) for i, exc in errors.items()}
         untouched = all(g.reissued == 0 and f"step-{step:06d}" not in g.versions() for g in out.values())
-        if not untouched:
+        if not early and not untouched:
             break
-        MACHINE_NOTES.append(f"abort test, try {attempt + 1}: every turn ended before the sync of step {step} "
-                             "reached it (a loaded machine); publishing again")
+        MACHINE_NOTES.append(f"abort test, try {attempt + 1}: " + (
+            f"turns {early} had ended before the sync of step {step} was published "
+            f"({', '.join(f'{out[i].seconds:.1f} s' for i in early)})" if early else
+            f"every turn ended before the sync of step {step} reached it") + " (a loaded machine); publishing again")
     for g in out.values():
         assert g.reissued >= 1 and g.reprefilled == g.reissued * len(prompt), (g.reissued, g.reprefilled)
         assert set(g.versions()) == {f"step-{step:06d}"} and g.finish_reason != "abort" and len(g.token_ids) == 7000
